@@ -1,0 +1,356 @@
+"""
+nanoCoLA model: a LLaMA decoder whose linear layers can be CoLA bottlenecks.
+
+CoLA (Compute-Efficient Pre-Training of LLMs via Low-Rank Activation, EMNLP 2025) replaces each
+full-size projection W (d_in x d_out) of a transformer block with a small auto-encoder
+
+    y = silu(x @ A) @ B,        A: (d_in, r),  B: (r, d_out),  r ~ d / 4
+
+so parameters and matmul FLOPs shrink by about 2x, while the non-linearity inside keeps the model
+expressive enough to match full-rank perplexity. CoLA-M is the same model trained with a special
+gradient checkpoint: for backward it keeps only the residual stream and the r-wide activations
+z = x @ A, and recomputes everything else, which is cheap because only the up-projections B (and
+attention) are recomputed, never the down-projections A.
+
+Read top to bottom: config, building blocks (RMSNorm, RoPE, CoLALinear), the block, the CoLA-M
+checkpoint, the model, and its helpers (parameter and FLOP counts, optimizer, generation).
+"""
+
+import math
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+try:
+    import kernels  # the fused CoLA product; without Triton installed, CoLA layers run eager PyTorch
+except ImportError:
+    kernels = None
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 50304  # GPT-2's 50257 tokens, padded to a multiple of 64
+    block_size: int = 256  # longest sequence the model is trained on
+    n_layer: int = 8
+    n_head: int = 8
+    n_embd: int = 512
+    intermediate_size: int = 1376  # SwiGLU hidden width
+    rank: int = 0  # 0: full-rank nn.Linear projections; > 0: CoLA bottlenecks of this width
+    only_lr_act: bool = False  # True: the MLP drops SwiGLU's own SiLU (CoLA's layers are non-linear already)
+    checkpointing: str = 'none'  # 'none' | 'full' (recompute whole blocks) | 'cola_m' (CoLA-M)
+    norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    fused_cola: bool = True  # CoLA product through kernels.cola_matmul (Triton on CUDA); False: eager PyTorch
+
+    def __post_init__(self):
+        if self.checkpointing not in ('none', 'full', 'cola_m'):
+            raise ValueError(f"checkpointing={self.checkpointing!r}: expected 'none', 'full' or 'cola_m'")
+        if self.checkpointing == 'cola_m' and self.rank <= 0:
+            raise ValueError("checkpointing='cola_m' needs CoLA layers: set rank > 0 (got rank=0, a full-rank model)")
+        if self.n_embd % self.n_head != 0 or (self.n_embd // self.n_head) % 2 != 0:
+            raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads of even size")
+
+
+# ----------------------------------------------------------------------------- building blocks
+
+def rope_tables(head_dim, length, theta=10000.0, start=0):
+    """cos and sin of the rotary angles, each (length, head_dim / 2), for positions start.. start+length-1."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(start, start + length, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate each pair (x_i, x_{i + hd/2}) of x (B, H, T, hd) by its position's angle (LLaMA's 'rotate half')."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return out.type_as(x)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return F.rms_norm(x.float(), (x.size(-1),), self.weight.float(), self.eps).type_as(x)
+
+
+class CoLALinear(nn.Module):
+    """The CoLA layer, a low-rank auto-encoder in place of a d_in x d_out linear layer:
+
+        z = x @ A        (..., r)      down(): the only activation CoLA-M keeps
+        y = silu(z) @ B  (..., d_out)  up(): recomputed by CoLA-M in backward
+
+    Init as in the official code: A, B ~ N(0, 1) * r^(-1/4) * (d_in + d_out)^(-1/4), so that the
+    product keeps the variance of a (d_in + d_out)^(-1/2)-scaled full-rank layer.
+    """
+
+    def __init__(self, d_in, d_out, rank, fused=True):
+        super().__init__()
+        std = rank ** -0.25 * (d_in + d_out) ** -0.25
+        self.A = nn.Parameter(torch.randn(d_in, rank) * std)
+        self.B = nn.Parameter(torch.randn(rank, d_out) * std)
+        self.fused = fused and kernels is not None
+
+    def forward(self, x):
+        return self.up(self.down(x))
+
+    def down(self, x):
+        return x @ self.A
+
+    def up(self, z):
+        # The call site of the fused kernel: Triton on CUDA, SiLU fused into the matmul; it keeps
+        # only z for backward where eager PyTorch keeps z and silu(z).
+        if self.fused:
+            return kernels.silu_matmul(z, self.B)
+        return F.silu(z) @ self.B
+
+
+def projection(d_in, d_out, config):
+    """A block's projection: nn.Linear for the full-rank baseline, CoLALinear when config.rank > 0."""
+    if config.rank > 0:
+        return CoLALinear(d_in, d_out, config.rank, config.fused_cola)
+    return nn.Linear(d_in, d_out, bias=False)
+
+
+class Attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        d, self.n_head = config.n_embd, config.n_head
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (projection(d, d, config) for _ in range(4))
+
+    def forward(self, x, cos, sin, kv_cache=None):
+        return self.o_proj(self.mix(x, cos, sin, kv_cache))
+
+    def mix(self, x, cos, sin, kv_cache=None):
+        """Causal multi-head attention with RoPE, before the output projection: (B, T, d) -> (B, T, d)."""
+        B, T, C = x.shape
+        q, k, v = (p(x).view(B, T, self.n_head, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (B, H, T, hd)
+        if kv_cache is not None:
+            k, v = kv_cache.append(k, v)  # (B, H, T_past + T, hd)
+        # Causal within the new tokens; a single new token (decoding) attends to every cached one.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
+        return y.transpose(1, 2).reshape(B, T, C)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)); with only_lr_act the gate's own SiLU is dropped."""
+
+    def __init__(self, config):
+        super().__init__()
+        d, f = config.n_embd, config.intermediate_size
+        self.gate_proj, self.up_proj = projection(d, f, config), projection(d, f, config)
+        self.down_proj = projection(f, d, config)
+        self.gate_act = nn.Identity() if config.only_lr_act else nn.SiLU()
+
+    def forward(self, x):
+        return self.down_proj(self.hidden(x))
+
+    def hidden(self, x):  # (B, T, d) -> (B, T, f)
+        return self.gate_act(self.gate_proj(x)) * self.up_proj(x)
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.attn = Attention(config)
+        self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = MLP(config)
+        self.checkpointing, self.rank = config.checkpointing, config.rank
+
+    def forward(self, x, cos, sin, kv_cache=None):
+        mode = self.checkpointing if torch.is_grad_enabled() else 'none'
+        if mode == 'full':  # keep only the block's input x; recompute the whole block in backward
+            return checkpoint(self.plain_forward, x, cos, sin, use_reentrant=False)
+        if mode == 'cola_m':
+            return self.cola_m_forward(x, cos, sin)
+        return self.plain_forward(x, cos, sin, kv_cache)
+
+    def plain_forward(self, x, cos, sin, kv_cache=None):
+        h = x + self.attn(self.attn_norm(x), cos, sin, kv_cache)
+        return h + self.mlp(self.mlp_norm(h))
+
+    def cola_m_forward(self, x, cos, sin):
+        """The same block, for CoLA-M. Each residual branch is checkpointed from the residual stream
+        (x, then h) to its last down-projection z (o_proj's, down_proj's); the up-projection that
+        closes the branch runs outside, so it is never recomputed. Kept per token: x, h (2d) and the
+        seven z (7r)."""
+        o_proj, down_proj = self.attn.o_proj, self.mlp.down_proj
+        z_o = cola_m_checkpoint(lambda x: o_proj.down(self.attn.mix(self.attn_norm(x), cos, sin)), self.rank, x)
+        h = x + o_proj.up(z_o)
+        z_down = cola_m_checkpoint(lambda h: down_proj.down(self.mlp.hidden(self.mlp_norm(h))), self.rank, h)
+        return h + down_proj.up(z_down)
+
+
+# ----------------------------------------------------------------------------- CoLA-M
+
+def _keep_down_projections(rank, ctx, op, *args, **kwargs):
+    # The only matmuls in a CoLA block whose result is r wide are the down-projections z = x @ A.
+    if op is torch.ops.aten.mm.default and args[1].shape[-1] == rank:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def cola_m_checkpoint(fn, rank, x):
+    """CoLA-M's checkpoint: run fn(x) keeping for backward only x and the r-wide z = x @ A of the
+    CoLA layers inside; backward recomputes the rest from them (norms, the up-projections
+    silu(z) @ B, RoPE, attention, elementwise ops), never a down-projection.
+
+    Why 2d + 7r values per token and layer (x and h, the official layout) rather than d + 7r:
+    without h, backward would also rebuild o_proj's up-projection to get h back; at the 1b shapes
+    that is 27% instead of 24% of the FLOPs the full-rank model recomputes under 'full' (where
+    non-reentrant checkpointing stops before the block's last matmul, whose output only feeds the
+    residual add).
+    """
+    context_fn = partial(create_selective_checkpoint_contexts, partial(_keep_down_projections, rank))
+    return checkpoint(fn, x, use_reentrant=False, context_fn=context_fn)
+
+
+# ----------------------------------------------------------------------------- the model
+
+class KVCache:
+    """One block's keys and values of the positions seen so far, for generation."""
+
+    def __init__(self, max_len):
+        self.max_len, self.length, self.k, self.v = max_len, 0, None, None
+
+    def append(self, k, v):  # k, v: (B, H, T, hd)
+        if self.k is None:
+            B, H, _, hd = k.shape
+            self.k, self.v = k.new_empty(B, H, self.max_len, hd), v.new_empty(B, H, self.max_len, hd)
+        T = k.size(2)
+        self.k[:, :, self.length:self.length + T], self.v[:, :, self.length:self.length + T] = k, v
+        self.length += T
+        return self.k[:, :, :self.length], self.v[:, :, :self.length]
+
+
+class Transformer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.n_embd, config.norm_eps)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        cos, sin = rope_tables(config.n_embd // config.n_head, config.block_size, config.rope_theta)
+        self.register_buffer('rope_cos', cos, persistent=False)  # (block_size, hd / 2)
+        self.register_buffer('rope_sin', sin, persistent=False)
+        for module in self.modules():  # full-size weights ~ N(0, 0.02); CoLALinear initialised itself
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx, targets=None, kv_caches=None):
+        """idx (B, T) token ids -> logits (B, T, vocab_size) and, given targets (B, T), the mean
+        cross-entropy (targets of -1 are ignored). kv_caches (one per block) turns on incremental
+        decoding: idx then holds only the new tokens."""
+        B, T = idx.shape
+        start = kv_caches[0].length if kv_caches else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of {start + T} tokens is longer than block_size={self.config.block_size}")
+        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
+        x = self.tok_emb(idx)  # (B, T, d)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, kv_caches[i] if kv_caches else None)
+        logits = self.lm_head(self.norm(x))  # (B, T, vocab_size)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+    # ------------------------------------------------------------------------- helpers
+
+    def num_params(self, non_embedding=True):
+        """Parameter count; non_embedding leaves out the token embedding and the output layer."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.tok_emb.weight.numel() + self.lm_head.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len):
+        """Training FLOPs per token, from the layer shapes: 6 per matmul weight (2 forward, 4 backward),
+        attention's scores and mixing (4 * seq_len * d forward, over the whole T x T square, as
+        FlopCounterMode counts it; 2x that in backward), plus what the checkpointing recomputes in
+        backward. Elementwise work is not counted. Recomputation is included, so MFU from this is
+        what the hardware does (HFU in PaLM's terms)."""
+        c = self.config
+        d, f, r, L, T = c.n_embd, c.intermediate_size, c.rank, c.n_layer, seq_len
+
+        def weights(d_in, d_out):  # of one projection
+            return r * (d_in + d_out) if r > 0 else d_in * d_out
+
+        attention = 4 * T * d
+        layer = 2 * (4 * weights(d, d) + 2 * weights(d, f) + weights(f, d)) + attention
+        forward = L * layer + 2 * d * c.vocab_size
+        recompute = 0
+        if c.checkpointing == 'full':
+            # The whole block, but for its last matmul when early stop skips it: non-reentrant
+            # checkpointing stops once the last tensor backward needs is rebuilt, and an aten matmul
+            # saves its inputs before it runs. The fused CoLA op saves them after, so it always runs.
+            last = 0 if r > 0 and self.blocks[0].mlp.down_proj.fused else 2 * (r or f) * d
+            recompute = L * (layer - last)
+        elif c.checkpointing == 'cola_m':  # the up-projections of q, k, v, gate, up, and attention
+            recompute = L * (2 * r * (3 * d + 2 * f) + attention)
+        return 3 * forward + recompute
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        """AdamW with weight decay on the matrices (A, B, linear and embedding weights), none on norms."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [
+            {'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
+            {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0},
+        ]
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == 'cuda')
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Continue idx (B, T) by max_new_tokens tokens, sampling from softmax(logits / temperature)
+        restricted to the top_k most likely (temperature 0: greedy). A KV cache makes each new token
+        cost one position's forward: prefill the prompt, then feed one token at a time. When the
+        context fills block_size, the oldest half is dropped and the cache refilled from the rest,
+        so each token sees at least block_size / 2 tokens of context."""
+        caches, new = None, idx[:, -self.config.block_size:]
+        for _ in range(max_new_tokens):
+            if caches is None or caches[0].length == self.config.block_size:
+                caches = [KVCache(self.config.block_size) for _ in self.blocks]
+                new = idx[:, -(self.config.block_size // 2):] if idx.size(1) >= self.config.block_size else idx
+            logits, _ = self(new, kv_caches=caches)
+            logits = logits[:, -1, :].float()  # (B, vocab_size)
+            if temperature == 0:
+                new = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                    logits[logits < kth] = -float('inf')
+                new = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat([idx, new], dim=1)
+        return idx
+
+
+def config_table(configs):
+    """Markdown rows: name, shapes and parameter counts of each config file (read without training)."""
+    rows = ['| config | d | f | heads | layers | rank | checkpointing | params (M) | non-emb (M) |', '|' + '---|' * 9]
+    for path in configs:
+        values = {}
+        exec(open(path).read(), {}, values)
+        fields = {k: v for k, v in values.items() if k in ModelConfig.__dataclass_fields__}
+        with torch.device('meta'):
+            model = Transformer(ModelConfig(**fields))
+        c = model.config
+        rows.append(f'| {path} | {c.n_embd} | {c.intermediate_size} | {c.n_head} | {c.n_layer} | {c.rank} | '
+                    f'{c.checkpointing} | {model.num_params(False) / 1e6:.1f} | {model.num_params() / 1e6:.1f} |')
+    return '\n'.join(rows)
+
+
+if __name__ == '__main__':
+    import glob
+    import sys
+    print(config_table(sys.argv[1:] or sorted(glob.glob('config/*.py'))))
