@@ -111,7 +111,7 @@ def _precision():
 
 
 def _use_triton(t):
-    return t.is_cuda or INTERPRET
+    return t.is_cuda or (INTERPRET and t.device.type == 'cpu')
 
 
 def _grid(M, N):

@@ -25,6 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from configurator import read_config_file
+
 try:
     import kernels  # the fused CoLA product; without Triton installed, CoLA layers run eager PyTorch
 except ImportError:
@@ -168,8 +170,9 @@ class Block(nn.Module):
 
     def forward(self, x, cos, sin, kv_cache=None):
         mode = self.checkpointing if torch.is_grad_enabled() else 'none'
+        # No dropout: nothing random to replay, so the checkpoints need not keep RNG states.
         if mode == 'full':  # keep only the block's input x; recompute the whole block in backward
-            return checkpoint(self.plain_forward, x, cos, sin, use_reentrant=False)
+            return checkpoint(self.plain_forward, x, cos, sin, use_reentrant=False, preserve_rng_state=False)
         if mode == 'cola_m':
             return self.cola_m_forward(x, cos, sin)
         return self.plain_forward(x, cos, sin, kv_cache)
@@ -211,7 +214,7 @@ def cola_m_checkpoint(fn, rank, x):
     residual add).
     """
     context_fn = partial(create_selective_checkpoint_contexts, partial(_keep_down_projections, rank))
-    return checkpoint(fn, x, use_reentrant=False, context_fn=context_fn)
+    return checkpoint(fn, x, use_reentrant=False, preserve_rng_state=False, context_fn=context_fn)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -262,7 +265,7 @@ class Transformer(nn.Module):
         logits = self.lm_head(self.norm(x))  # (B, T, vocab_size)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 
     # ------------------------------------------------------------------------- helpers
@@ -339,9 +342,7 @@ def config_table(configs):
     """Markdown rows: name, shapes and parameter counts of each config file (read without training)."""
     rows = ['| config | d | f | heads | layers | rank | checkpointing | params (M) | non-emb (M) |', '|' + '---|' * 9]
     for path in configs:
-        values = {}
-        exec(open(path).read(), {}, values)
-        fields = {k: v for k, v in values.items() if k in ModelConfig.__dataclass_fields__}
+        fields = {k: v for k, v in read_config_file(path).items() if k in ModelConfig.__dataclass_fields__}
         with torch.device('meta'):
             model = Transformer(ModelConfig(**fields))
         c = model.config

@@ -1,0 +1,61 @@
+"""
+nanoGPT-style configuration: a script keeps its settings as plain module-level variables, then
+
+    configure(globals(), sys.argv[1:])
+
+applies, in order, config files (python files of plain assignments) and --key=value overrides:
+
+    python train.py config/cola_60m.py --batch_size=32 --compile=False
+
+Every key must already exist in the script, and an override must have the type of the value it
+replaces (an int may stand for a float; a setting whose default is None takes anything), so a typo
+fails loudly instead of being silently ignored.
+"""
+
+import os
+from ast import literal_eval
+
+
+def read_config_file(path):
+    """The assignments of a config file, as a dict."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"config file {path!r} not found")
+    values = {}
+    exec(open(path).read(), {}, values)
+    return {k: v for k, v in values.items() if not k.startswith('_')}
+
+
+def _checked(key, value, default, source):
+    if default is None or value is None or type(value) is type(default):
+        return value
+    if type(default) is float and type(value) is int:
+        return float(value)
+    raise SystemExit(f"{source}: {key}={value!r} is a {type(value).__name__}, expected a {type(default).__name__}")
+
+
+def configure(settings, argv):
+    """Apply config files and --key=value overrides from argv to the dict settings, in place."""
+    for arg in argv:
+        if not arg.startswith('--'):
+            for key, value in read_config_file(arg).items():
+                if key not in settings:
+                    raise SystemExit(f"{arg}: unknown setting {key!r}")
+                settings[key] = _checked(key, value, settings[key], arg)
+            continue
+        if '=' not in arg:
+            raise SystemExit(f"argument {arg!r}: expected --key=value or a config file")
+        key, text = arg[2:].split('=', 1)
+        if key not in settings:
+            raise SystemExit(f"--{key}: unknown setting; known: {', '.join(sorted(settings))}")
+        try:
+            value = literal_eval(text)
+        except (SyntaxError, ValueError):
+            value = text  # a bare word is a string: --device=cuda
+        settings[key] = _checked(key, value, settings[key], f'--{key}')
+    return settings
+
+
+def public_settings(namespace):
+    """The settings of a script: its module-level names of plain types (what configure may change)."""
+    return {k: v for k, v in namespace.items()
+            if not k.startswith('_') and (v is None or isinstance(v, (int, float, bool, str, tuple)))}

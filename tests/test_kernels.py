@@ -1,0 +1,129 @@
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+from bench import activation_bytes
+from model import CoLALinear, ModelConfig, Transformer
+
+# Per dtype: (rtol, atol) against a float64 reference, for values of order 1 summed over <= 75 terms.
+TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.float16: (2e-2, 2e-2), torch.bfloat16: (5e-2, 5e-2)}
+
+
+def reference(x, A, B, dy):
+    """silu(x @ A) @ B and its three gradients, in float64 PyTorch."""
+    x, A, B = (t.detach().double().requires_grad_() for t in (x, A, B))
+    y = F.silu(x @ A) @ B
+    y.backward(dy.double())
+    return y, x.grad, A.grad, B.grad
+
+
+def fused(x, A, B, dy):
+    x, A, B = (t.detach().clone().requires_grad_() for t in (x, A, B))
+    y = kernels.cola_matmul(x, A, B)
+    y.backward(dy)
+    return y, x.grad, A.grad, B.grad
+
+
+def check_against_reference(lead, d_in, r, d_out, dtype, device='cpu'):
+    torch.manual_seed(0)
+    x = torch.randn(*lead, d_in, device=device).to(dtype)
+    A = (torch.randn(d_in, r, device=device) * d_in ** -0.5).to(dtype)
+    B = (torch.randn(r, d_out, device=device) * r ** -0.5).to(dtype)
+    dy = torch.randn(*lead, d_out, device=device).to(dtype)
+    rtol, atol = TOLERANCES[dtype]
+    for name, got, want in zip(['y', 'dx', 'dA', 'dB'], fused(x, A, B, dy), reference(x, A, B, dy)):
+        assert got.dtype == dtype and got.shape == want.shape, name
+        torch.testing.assert_close(got.double(), want, rtol=rtol, atol=atol, msg=lambda m: f'{name}: {m}')
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize('lead,d_in,r,d_out', [((37,), 75, 19, 51), ((3, 13), 75, 19, 51), ((70,), 33, 65, 130)])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float16])
+def test_fused_op_and_gradients_match_float64_reference(lead, d_in, r, d_out, dtype):
+    check_against_reference(lead, d_in, r, d_out, dtype)
+
+
+@pytest.mark.triton
+def test_fused_op_takes_a_non_contiguous_input():
+    x = torch.randn(13, 3, 75).transpose(0, 1)  # (3, 13, 75), not contiguous
+    A, B = torch.randn(75, 19) * 0.1, torch.randn(19, 51) * 0.2
+    torch.testing.assert_close(kernels.cola_matmul(x, A, B), F.silu(x @ A) @ B, rtol=1e-4, atol=1e-5)
+
+
+def test_pytorch_fallback_matches_reference():  # CPU without the interpreter: plain PyTorch
+    check_against_reference((37,), 75, 19, 51, torch.float32)
+
+
+@pytest.mark.triton
+def test_fused_op_keeps_only_z_where_eager_keeps_z_and_silu_z():
+    x, A, B = torch.randn(64, 40, requires_grad=True), torch.randn(40, 16, requires_grad=True), torch.randn(16, 24, requires_grad=True)
+    sizes = {}
+    for name, fn in [('fused', kernels.cola_matmul), ('eager', lambda x, A, B: F.silu(x @ A) @ B)]:
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            fn(x, A, B)
+        activations = {t.untyped_storage().data_ptr(): t.numel() for t in saved if t.shape[0] == 64}  # per-token tensors
+        sizes[name] = sum(activations.values()) // 64
+    assert sizes['fused'] == 40 + 16  # x and z
+    assert sizes['eager'] == 40 + 16 + 16  # x, z and silu(z)
+
+
+TINY = ModelConfig(vocab_size=96, block_size=16, n_layer=2, n_head=2, n_embd=32, intermediate_size=48, rank=16)
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize('mode', ['none', 'cola_m'])
+def test_model_with_fused_op_equals_model_without(mode):
+    idx = torch.randint(0, 96, (2, 16))
+    results = []
+    for fused_cola in (True, False):
+        torch.manual_seed(0)
+        model = Transformer(replace(TINY, fused_cola=fused_cola, checkpointing=mode))
+        _, loss = model(idx, idx)
+        loss.backward()
+        results.append((loss, [p.grad for p in model.parameters()]))
+    (loss_fused, grads_fused), (loss_eager, grads_eager) = results
+    torch.testing.assert_close(loss_fused, loss_eager)
+    for g_fused, g_eager in zip(grads_fused, grads_eager):
+        torch.testing.assert_close(g_fused, g_eager, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.triton
+def test_cola_m_with_fused_op_keeps_its_activation_bound():
+    d, r = 32, 16
+    values = activation_bytes(replace(TINY, checkpointing='cola_m'), 4, 16) / 4
+    assert values == 2 * d + 7 * r
+
+
+def test_compiled_cola_layer_has_no_graph_breaks():
+    torch._dynamo.reset()
+    layer = CoLALinear(24, 40, 8)
+    x = torch.randn(2, 5, 24, requires_grad=True)
+    compiled = torch.compile(layer, fullgraph=True)
+    y = compiled(x)
+    y.sum().backward()
+    torch.testing.assert_close(y, F.silu(x @ layer.A) @ layer.B)
+    explanation = torch._dynamo.explain(layer)(x)
+    assert explanation.graph_break_count == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float16, torch.bfloat16])
+def test_cuda_kernels_match_reference(dtype):
+    check_against_reference((4099,), 1000, 129, 777, dtype, device='cuda')
+    check_against_reference((8, 256), 768, 256, 2048, dtype, device='cuda')
+
+
+@pytest.mark.cuda
+def test_cuda_fused_op_is_not_slower_than_eager_at_1b_shapes():
+    from triton.testing import do_bench
+    x = torch.randn(16384, 2048, device='cuda', dtype=torch.bfloat16, requires_grad=True)
+    A = (torch.randn(2048, 512, device='cuda', dtype=torch.bfloat16) * 0.02).requires_grad_()
+    B = (torch.randn(512, 2048, device='cuda', dtype=torch.bfloat16) * 0.04).requires_grad_()
+    dy = torch.randn_like(x)
+    fused_ms = do_bench(lambda: kernels.cola_matmul(x, A, B).backward(dy))
+    eager_ms = do_bench(lambda: (F.silu(x @ A) @ B).backward(dy))
+    assert fused_ms <= eager_ms * 1.05

@@ -1,0 +1,152 @@
+import glob
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bench import activation_bytes, count_flops, measure_flops
+from configurator import read_config_file
+from model import CoLALinear, ModelConfig, Transformer
+
+TINY = ModelConfig(vocab_size=96, block_size=32, n_layer=2, n_head=4, n_embd=64, intermediate_size=96, rank=16)
+SHAPES_1B = dict(n_embd=2048, intermediate_size=5461, n_head=32, rank=512, block_size=256)
+
+
+def build(config, seed=0, device=None):
+    torch.manual_seed(seed)
+    with torch.device(device or 'cpu'):
+        return Transformer(config)
+
+
+def closed_form_non_embedding(c):
+    d, f, r, L = c.n_embd, c.intermediate_size, c.rank, c.n_layer
+    per_layer = 11 * d * r + 3 * r * f + 2 * d if r else 4 * d * d + 3 * d * f + 2 * d
+    return L * per_layer + d
+
+
+@pytest.mark.parametrize('path', sorted(glob.glob('config/*.py')))
+def test_parameter_counts_equal_closed_forms(path):
+    fields = {k: v for k, v in read_config_file(path).items() if k in ModelConfig.__dataclass_fields__}
+    model = build(ModelConfig(**fields), device='meta')
+    assert model.num_params() == closed_form_non_embedding(model.config)
+    assert model.num_params(non_embedding=False) == model.num_params() + 2 * model.config.vocab_size * model.config.n_embd
+
+
+def test_parameter_counts_match_the_paper_with_a_32k_vocabulary():
+    for path, millions in [('config/cola_60m.py', 42.77), ('config/cola_1b.py', 609.3)]:
+        fields = {k: v for k, v in read_config_file(path).items() if k in ModelConfig.__dataclass_fields__}
+        model = build(ModelConfig(**fields, vocab_size=32000), device='meta')
+        assert round(model.num_params(non_embedding=False) / 1e6, 2 if millions < 100 else 1) == millions
+
+
+def test_cola_layer_computes_silu_bottleneck_and_has_official_init_scale():
+    torch.manual_seed(0)
+    layer = CoLALinear(300, 500, 64).double()
+    x = torch.randn(3, 7, 300, dtype=torch.float64)
+    A, B = layer.A.detach(), layer.B.detach()
+    z = torch.einsum('btd,dr->btr', x, A)
+    expected = torch.einsum('btr,ro->bto', z * torch.sigmoid(z), B)
+    torch.testing.assert_close(layer(x), expected)
+    std = 64 ** -0.25 * (300 + 500) ** -0.25
+    assert abs(A.std().item() / std - 1) < 0.02 and abs(B.std().item() / std - 1) < 0.02
+
+
+@pytest.mark.parametrize('rank', [0, 16])
+def test_logits_are_causal(rank):
+    model = build(replace(TINY, rank=rank)).eval()
+    idx = torch.randint(0, 96, (2, 24))
+    changed = idx.clone()
+    changed[:, 12:] = torch.randint(0, 96, (2, 12))
+    logits, _ = model(idx)
+    logits_changed, _ = model(changed)
+    torch.testing.assert_close(logits[:, :12], logits_changed[:, :12])
+    assert not torch.allclose(logits[:, 12:], logits_changed[:, 12:])
+
+
+def loss_and_grads(config, idx):
+    model = build(config)
+    _, loss = model(idx, idx)
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize('rank,mode', [(0, 'full'), (16, 'full'), (16, 'cola_m')])
+def test_checkpointing_gives_the_same_loss_and_gradients(rank, mode):
+    idx = torch.randint(0, 96, (3, 32))
+    loss, grads = loss_and_grads(replace(TINY, rank=rank), idx)
+    loss_ck, grads_ck = loss_and_grads(replace(TINY, rank=rank, checkpointing=mode), idx)
+    torch.testing.assert_close(loss_ck, loss, rtol=1e-6, atol=1e-6)
+    for name in grads:
+        torch.testing.assert_close(grads_ck[name], grads[name], rtol=1e-5, atol=1e-6)
+
+
+def test_cola_m_without_cola_layers_is_an_error():
+    with pytest.raises(ValueError, match='rank'):
+        ModelConfig(rank=0, checkpointing='cola_m')
+    with pytest.raises(ValueError, match='checkpointing'):
+        ModelConfig(rank=16, checkpointing='selective')
+
+
+def test_saved_activations_per_token_and_layer():
+    d, r = 128, 32
+    config = replace(TINY, n_embd=d, rank=r)
+    values = {mode: activation_bytes(replace(config, checkpointing=mode), 8, 32) / 4 for mode in ('none', 'full', 'cola_m')}
+    assert values['full'] == d  # only the block's input
+    assert values['cola_m'] == 2 * d + 7 * r  # x, h and the seven z = x @ A
+    assert values['none'] > 4 * values['cola_m']
+
+
+def test_cola_m_recomputes_under_a_quarter_of_full_rank_checkpointing_at_1b():
+    config = ModelConfig(vocab_size=64, n_layer=1, **SHAPES_1B)
+    _, cola_m = measure_flops(replace(config, checkpointing='cola_m'), seq_len=256)
+    _, full = measure_flops(replace(config, rank=0, checkpointing='full'), seq_len=256)
+    _, cola_full = measure_flops(replace(config, checkpointing='full'), seq_len=256)
+    assert cola_m > 0 and cola_m / full <= 0.25
+    assert cola_m < cola_full / 2  # and well under CoLA's own whole-block checkpointing
+
+
+@pytest.mark.parametrize('rank,mode,fused', [(0, 'none', True), (0, 'full', True), (64, 'none', True),
+                                             (64, 'full', True), (64, 'full', False), (64, 'cola_m', True)])
+def test_flops_per_token_matches_flop_counter(rank, mode, fused):
+    config = ModelConfig(vocab_size=512, n_layer=2, n_head=4, n_embd=256, intermediate_size=688, rank=rank,
+                         checkpointing=mode, fused_cola=fused)
+    measured, _ = measure_flops(config, seq_len=128)
+    analytic = build(config, device='meta').flops_per_token(128)
+    assert abs(analytic / measured - 1) < 0.05
+
+
+def test_flop_counter_counts_a_plain_matmul():  # the counting helper against a known count
+    class Matmul(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(8, 5))
+
+        def forward(self, idx, targets):
+            y = F.one_hot(idx, 8).float() @ self.w  # (B, T, 5)
+            return y, y.sum()
+
+    forward, backward = count_flops(Matmul(), torch.zeros(2, 3, dtype=torch.long))
+    assert forward == 2 * 6 * 8 * 5 and backward == 2 * 6 * 8 * 5  # no grad wrt the one-hot input
+
+
+@pytest.mark.parametrize('rank', [0, 16])
+def test_tiny_model_overfits_one_batch(rank):
+    model = build(replace(TINY, rank=rank))
+    idx = torch.randint(0, 96, (4, 32))
+    optimizer = model.configure_optimizers(0.0, 1e-2, (0.9, 0.95), 'cpu')
+    for _ in range(150):
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.1, f'loss {loss.item():.3f} after 150 steps on one batch (log 96 = {math.log(96):.2f})'
+
+
+def test_optimizer_decays_matrices_only():
+    model = build(TINY)
+    decay, no_decay = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu').param_groups
+    assert decay['weight_decay'] == 0.1 and all(p.dim() == 2 for p in decay['params'])
+    assert no_decay['weight_decay'] == 0.0 and all(p.dim() == 1 for p in no_decay['params'])
+    assert len(decay['params']) + len(no_decay['params']) == len(list(model.parameters()))
