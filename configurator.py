@@ -56,6 +56,6 @@ def configure(settings, argv):
 
 
 def public_settings(namespace):
-    """The settings of a script: its module-level names of plain types (what configure may change)."""
+    """The settings of a script: its module-level names of plain types, but for CONSTANTS."""
     return {k: v for k, v in namespace.items()
-            if not k.startswith('_') and (v is None or isinstance(v, (int, float, bool, str, tuple)))}
+            if not k.startswith('_') and not k.isupper() and (v is None or isinstance(v, (int, float, bool, str, tuple)))}

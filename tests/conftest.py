@@ -2,6 +2,11 @@ import os
 
 import pytest
 
+# GPT-2's BPE files for tiktoken, offline, when the shared folder is there (users with a network need nothing).
+_SHARED_TIKTOKEN = os.path.join(os.path.dirname(__file__), '..', '..', 'shared', 'tiktoken')
+if os.path.isdir(_SHARED_TIKTOKEN):
+    os.environ.setdefault('TIKTOKEN_CACHE_DIR', os.path.abspath(_SHARED_TIKTOKEN))
+
 # Triton's interpreter runs the kernels on CPU tensors; it must be on when kernels.py defines them.
 os.environ.setdefault('TRITON_INTERPRET', '1')
 import kernels  # noqa: E402
