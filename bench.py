@@ -3,9 +3,9 @@ CoLA's efficiency claims, measured side by side: parameters, training FLOPs, act
 recomputation and throughput of full-rank, full-rank + 'full' checkpointing, CoLA, CoLA + 'full'
 and CoLA-M at the same shapes.
 
-    python bench.py                                    # CPU-sized shapes (config/cpu_tiny.py)
-    python bench.py config/cola_1b.py --device=meta    # counts only (no timing), any size
-    python bench.py config/cola_350m.py --device=cuda --dtype=bfloat16 --compile=True --batch_size=32
+    python bench.py                                          # 350m widths, 2 layers, on the CPU
+    python bench.py --config=config/cola_1b.py --device=meta  # counts only (no timing), any size
+    python bench.py --config=config/cola_350m.py --n_layer=0 --device=cuda --dtype=bfloat16 --compile=True --batch_size=64
 
 Counts are measured, not derived: FLOPs with torch.utils.flop_counter.FlopCounterMode, activation
 memory as the bytes still allocated after a forward pass (the profiler's memory events on CPU,
@@ -76,3 +76,173 @@ def activation_bytes(config, batch_size, seq_len, device='cpu', dtype=torch.floa
         with torch.autocast(device_type=idx.device.type, dtype=dtype, enabled=dtype != torch.float32):
             alive.append(_allocated_after_forward(model, idx))
     return (alive[1] - alive[0]) / (batch_size * seq_len)
+
+
+def train_step_seconds(model, optimizer, idx, dtype):
+    """Wall time of one training step (forward, backward, optimizer), synchronised on CUDA."""
+    autocast = torch.autocast(device_type=idx.device.type, dtype=dtype, enabled=dtype != torch.float32)
+    if idx.is_cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with autocast:
+        _, loss = model(idx, idx)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if idx.is_cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+VARIANTS = [  # name, uses CoLA layers, checkpointing
+    ('full-rank', False, 'none'), ('full-rank + full ckpt', False, 'full'),
+    ('CoLA', True, 'none'), ('CoLA + full ckpt', True, 'full'), ('CoLA-M', True, 'cola_m'),
+]
+
+
+def run_benchmark(shape, device, dtype, batch_size, seq_len, steps, warmup, compile):
+    """Every variant at the same shapes: counts for all, timings unless device is 'meta'."""
+    ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16}[dtype]
+    configs = {name: replace(shape, rank=shape.rank if cola else 0, checkpointing=mode) for name, cola, mode in VARIANTS}
+    rows = {}
+    for name, config in configs.items():
+        with torch.device('meta'):
+            model = Transformer(config)
+        flops, recompute = measure_flops(config, seq_len)
+        memory_device = 'cpu' if device == 'meta' else device  # activations need real tensors: 1 sequence
+        rows[name] = {
+            'params_M': model.num_params(False) / 1e6, 'non_embedding_params_M': model.num_params() / 1e6,
+            'flops_per_token': flops, 'flops_per_token_analytic': model.flops_per_token(seq_len),
+            'recompute_flops_per_token': recompute,
+            'activation_bytes_per_token_per_layer': activation_bytes(config, 1 if device == 'meta' else batch_size,
+                                                                     seq_len, memory_device, ptdtype),
+        }
+    if device != 'meta':
+        idx = torch.randint(0, shape.vocab_size, (batch_size, seq_len), device=device)
+        models = {name: Transformer(config).to(device) for name, config in configs.items()}
+        optimizers = {name: m.configure_optimizers(0.0, 1e-4, (0.9, 0.95), device) for name, m in models.items()}
+        runs = {name: torch.compile(m) if compile else m for name, m in models.items()}
+        times = {name: [] for name in models}
+        for step in range(warmup + steps):  # interleaved: A B C A B C ..., so drifts hit all alike
+            for name in models:
+                if device.startswith('cuda'):
+                    torch.cuda.reset_peak_memory_stats()
+                seconds = train_step_seconds(runs[name], optimizers[name], idx, ptdtype)
+                if step >= warmup:
+                    times[name].append(seconds)
+                if device.startswith('cuda'):
+                    rows[name]['peak_memory_GiB'] = torch.cuda.max_memory_allocated() / 2**30
+        for name in models:
+            rows[name]['tokens_per_s'] = batch_size * seq_len / sorted(times[name])[len(times[name]) // 2]
+    return rows
+
+
+def markdown(rows):
+    base, base_ckpt = rows['full-rank'], rows['full-rank + full ckpt']
+    timed, peak = 'tokens_per_s' in base, 'peak_memory_GiB' in base
+    head = ['variant', 'params (M)', 'x full', 'GFLOPs/token (counted)', '(analytic)', 'x full',
+            'activation bytes/token/layer', 'x full', 'recompute MFLOPs/token', 'x full-rank ckpt']
+    head += ['tokens/s', 'x full'] if timed else []
+    head += ['peak memory (GiB)', 'x full'] if peak else []
+    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    for name, r in rows.items():
+        cells = [name, f"{r['params_M']:.1f}", f"{r['params_M'] / base['params_M']:.2f}",
+                 f"{r['flops_per_token'] / 1e9:.3f}", f"{r['flops_per_token_analytic'] / 1e9:.3f}",
+                 f"{r['flops_per_token'] / base['flops_per_token']:.2f}",
+                 f"{r['activation_bytes_per_token_per_layer']:,.0f}",
+                 f"{r['activation_bytes_per_token_per_layer'] / base['activation_bytes_per_token_per_layer']:.2f}",
+                 f"{r['recompute_flops_per_token'] / 1e6:.1f}",
+                 f"{r['recompute_flops_per_token'] / base_ckpt['recompute_flops_per_token']:.2f}"]
+        cells += [f"{r['tokens_per_s']:,.0f}", f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}"] if timed else []
+        cells += [f"{r['peak_memory_GiB']:.2f}", f"{r['peak_memory_GiB'] / base['peak_memory_GiB']:.2f}"] if peak else []
+        lines.append('| ' + ' | '.join(cells) + ' |')
+    cola, colam = rows['CoLA'], rows['CoLA-M']
+    lines += ['', 'Against the paper:',
+              f"- compute: CoLA needs {cola['flops_per_token'] / base['flops_per_token']:.2f}x full-rank's training "
+              f"FLOPs per token (paper: about 0.5x at r = d/4)",
+              f"- parameters: full-rank has {base['params_M'] / cola['params_M']:.2f}x CoLA's "
+              f"({base['non_embedding_params_M'] / cola['non_embedding_params_M']:.2f}x without embeddings; paper: about 2x)",
+              f"- memory: CoLA-M keeps {colam['activation_bytes_per_token_per_layer'] / cola['activation_bytes_per_token_per_layer']:.2f}x "
+              f"CoLA's activations (paper: about 2/3 less)",
+              f"- recomputation: CoLA-M recomputes {colam['recompute_flops_per_token'] / base_ckpt['recompute_flops_per_token']:.2f}x "
+              f"what full-rank + full ckpt does (paper: about 5x cheaper, 0.2x)"]
+    if timed:
+        flop_ratio = base['flops_per_token'] / cola['flops_per_token']
+        lines += [f"- throughput: CoLA {cola['tokens_per_s'] / base['tokens_per_s']:.2f}x full-rank (FLOP ratio "
+                  f"{flop_ratio:.2f}x, so {cola['tokens_per_s'] / base['tokens_per_s'] / flop_ratio:.0%} of it turns into "
+                  f"speed; paper: 1.86x), CoLA-M {colam['tokens_per_s'] / cola['tokens_per_s']:.2f}x CoLA"]
+    if peak:
+        lines += [f"- peak memory of a training step: CoLA-M {colam['peak_memory_GiB'] / cola['peak_memory_GiB']:.2f}x CoLA"]
+    return '\n'.join(lines)
+
+
+def memory_per_gpu_table(gpus=8):
+    """Computed (not measured) memory per GPU of each config's training run on `gpus` GPUs: 16 bytes
+    per parameter (fp32 weight, grad and two AdamW moments; divided by the GPUs under FSDP), plus
+    activations (bytes per token per layer measured on the CPU under bf16 autocast, times layers and
+    micro-batch tokens), plus the logits (bf16, their fp32 copy for the loss, and its gradient)."""
+    import glob
+
+    from configurator import read_config_file
+    lines = ['| config | parallel | micro-batch | weights + grads + AdamW (GiB) | activations (GiB) | logits (GiB) | total (GiB) |',
+             '|---|---|---|---|---|---|---|']
+    order = {'60m': 0, '130m': 1, '350m': 2, '1b': 3, '7b': 4}
+    paths = sorted(glob.glob('config/*_*m.py') + glob.glob('config/*_*b.py'),
+                   key=lambda p: (order.get(p.split('_')[-1][:-3], 9), p))
+    for path in paths:
+        c = read_config_file(path)
+        shape = ModelConfig(**{k: v for k, v in c.items() if k in ModelConfig.__dataclass_fields__})
+        with torch.device('meta'):
+            params = Transformer(shape).num_params(False)
+        states = 16 * params / (gpus if c.get('parallel') == 'fsdp' else 1)
+        tokens = c['batch_size'] * shape.block_size
+        activations = activation_bytes(shape, 1, shape.block_size, dtype=torch.bfloat16) * shape.n_layer * tokens
+        logits = tokens * shape.vocab_size * (2 + 4 + 4)
+        lines.append(f"| {path} | {c.get('parallel', 'ddp')} | {c['batch_size']} x {shape.block_size} | {states / 2**30:.1f} | "
+                     f"{activations / 2**30:.1f} | {logits / 2**30:.1f} | {(states + activations + logits) / 2**30:.1f} |")
+    return '\n'.join(lines)
+
+
+if __name__ == '__main__':
+    import sys
+
+    from configurator import configure, public_settings, read_config_file
+
+    # ------------------------------------------------------------------------- config
+    config = ''  # a config file whose shapes to use; '' = the shapes below
+    n_layer = 2  # 0: the config file's depth
+    n_head, n_embd, intermediate_size, rank = 16, 1024, 2736, 256  # 350m widths
+    vocab_size = 4096  # with 2 layers, the output layer's share of the FLOPs is about that of the real 350m
+    only_lr_act = False
+    device = 'cpu'  # 'cpu', 'cuda', or 'meta' (counts only, any size)
+    dtype = 'float32'
+    batch_size = 4
+    seq_len = 256
+    steps = 5
+    warmup = 2
+    compile = False
+    json_output = False
+    memory_table = False  # True: instead, the computed memory per GPU of every config in config/
+    settings = configure(public_settings(globals()), sys.argv[1:])
+    globals().update(settings)
+
+    fields = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, intermediate_size=intermediate_size, rank=rank,
+                  vocab_size=vocab_size, only_lr_act=only_lr_act)
+    if config:
+        from_file = read_config_file(config)
+        fields.update({k: from_file[k] for k in ('n_layer', 'n_head', 'n_embd', 'intermediate_size', 'only_lr_act')
+                       if k in from_file})
+        fields['rank'] = from_file.get('rank') or from_file.get('n_embd', n_embd) // 4  # a full-rank config: r = d/4
+        fields['n_layer'] = n_layer or fields['n_layer']
+    if memory_table:
+        print(memory_per_gpu_table())
+        sys.exit()
+    shape = ModelConfig(block_size=seq_len, **fields)
+    torch.manual_seed(0)
+    rows = run_benchmark(shape, device, dtype, batch_size, seq_len, steps, warmup, compile)
+    if json_output:
+        print(json.dumps({'settings': settings, 'rows': rows}, indent=1))
+    else:
+        print(f"{config or 'shapes'}: d={shape.n_embd}, f={shape.intermediate_size}, r={shape.rank}, {shape.n_layer} layers, "
+              f"vocab {shape.vocab_size}, {batch_size} x {seq_len} tokens, {device}, {dtype}" + (', compiled' if compile else ''))
+        print(markdown(rows))

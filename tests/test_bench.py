@@ -1,0 +1,48 @@
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from bench import count_flops
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_flop_counter_counts_a_plain_matmul():  # the counting helper against a count by hand
+    class Matmul(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(8, 5))
+
+        def forward(self, idx, targets):
+            y = F.one_hot(idx, 8).float() @ self.w  # (B, T, 5)
+            return y, y.sum()
+
+    forward, backward = count_flops(Matmul(), torch.zeros(2, 3, dtype=torch.long))
+    assert forward == 2 * 6 * 8 * 5 and backward == 2 * 6 * 8 * 5  # no gradient for the one-hot input
+
+
+def test_bench_runs_on_a_tiny_cpu_config_and_reports_consistent_counts():
+    args = ['--n_layer=1', '--n_head=2', '--n_embd=64', '--intermediate_size=128', '--rank=16', '--vocab_size=256',
+            '--batch_size=2', '--seq_len=32', '--steps=2', '--warmup=1']
+    env = dict(os.environ)
+    env.pop('TRITON_INTERPRET', None)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, 'bench.py'), *args, '--json_output=True'], capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout[r.stdout.index('{'):])['rows']
+    d, f, r_, V = 64, 128, 16, 256
+    embeddings = 2 * V * d
+    assert rows['full-rank']['params_M'] * 1e6 == 4 * d * d + 3 * d * f + 2 * d + d + embeddings
+    assert rows['CoLA']['params_M'] * 1e6 == 11 * d * r_ + 3 * r_ * f + 2 * d + d + embeddings
+    for row in rows.values():
+        assert row['flops_per_token'] == row['flops_per_token_analytic'] and row['tokens_per_s'] > 0
+    assert rows['full-rank + full ckpt']['activation_bytes_per_token_per_layer'] == 4 * d
+    assert rows['CoLA-M']['activation_bytes_per_token_per_layer'] == 4 * (2 * d + 7 * r_)
+    assert rows['CoLA-M']['recompute_flops_per_token'] < rows['full-rank + full ckpt']['recompute_flops_per_token']
+    table = subprocess.run([sys.executable, os.path.join(ROOT, 'bench.py'), *args], capture_output=True, text=True,
+                           timeout=120, env=env).stdout
+    assert table.count('\n| ') == 6 and 'Against the paper:' in table and 'throughput: CoLA' in table
