@@ -61,48 +61,33 @@ def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.conste
     return pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
 
 
-@triton.autotune(configs=CONFIGS, key=['M', 'N', 'K'])
+@triton.autotune(configs=CONFIGS, key=['M', 'N', 'K', 'SILU_PROLOGUE', 'DSILU_EPILOGUE'])
 @triton.jit
-def _silu_matmul_kernel(z_ptr, w_ptr, y_ptr, M, N, K,
-                        stride_zm, stride_zk, stride_wk, stride_wn, stride_ym, stride_yn,
-                        PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """y (M, N) = silu(z (M, K)) @ w (K, N)."""
+def _gemm_kernel(a_ptr, b_ptr, z_ptr, c_ptr, M, N, K,
+                 stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                 SILU_PROLOGUE: tl.constexpr, DSILU_EPILOGUE: tl.constexpr, PRECISION: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """c (M, N) = silu(a (M, K)) @ b (K, N) with SILU_PROLOGUE, or (a @ b) * silu'(z (M, N)) with
+    DSILU_EPILOGUE (z has c's strides); fp32 accumulation."""
     rows, cols = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        z = tl.load(z_ptr + rows[:, None] * stride_zm + ks[None, :] * stride_zk,
-                    mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0).to(tl.float32)
-        a = (z * tl.sigmoid(z)).to(w_ptr.dtype.element_ty)  # silu(0) = 0, so masked lanes add nothing
-        w = tl.load(w_ptr + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
-                    mask=(ks[:, None] < K) & (cols[None, :] < N), other=0.0)
-        acc += tl.dot(a, w, input_precision=PRECISION)
-    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :] * stride_yn, acc.to(y_ptr.dtype.element_ty),
-             mask=(rows[:, None] < M) & (cols[None, :] < N))
-
-
-@triton.autotune(configs=CONFIGS, key=['M', 'N', 'K'])
-@triton.jit
-def _matmul_dsilu_kernel(g_ptr, w_ptr, z_ptr, dz_ptr, M, N, K,
-                         stride_gm, stride_gk, stride_wk, stride_wn, stride_zm, stride_zn,
-                         PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """dz (M, N) = (g (M, K) @ w (K, N)) * silu'(z (M, N)); dz has z's strides."""
-    rows, cols = _tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        g = tl.load(g_ptr + rows[:, None] * stride_gm + ks[None, :] * stride_gk,
+        a = tl.load(a_ptr + rows[:, None] * stride_am + ks[None, :] * stride_ak,
                     mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)
-        w = tl.load(w_ptr + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
+        if SILU_PROLOGUE:  # silu(0) = 0, so masked lanes still add nothing
+            a = a.to(tl.float32)
+            a = (a * tl.sigmoid(a)).to(b_ptr.dtype.element_ty)
+        b = tl.load(b_ptr + ks[:, None] * stride_bk + cols[None, :] * stride_bn,
                     mask=(ks[:, None] < K) & (cols[None, :] < N), other=0.0)
-        acc += tl.dot(g, w, input_precision=PRECISION)
+        acc += tl.dot(a, b, input_precision=PRECISION)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
-    offsets = rows[:, None] * stride_zm + cols[None, :] * stride_zn
-    z = tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    s = tl.sigmoid(z)
-    tl.store(dz_ptr + offsets, (acc * s * (1.0 + z * (1.0 - s))).to(dz_ptr.dtype.element_ty), mask=mask)
+    offsets = rows[:, None] * stride_cm + cols[None, :] * stride_cn
+    if DSILU_EPILOGUE:
+        z = tl.load(z_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        s = tl.sigmoid(z)
+        acc = acc * s * (1.0 + z * (1.0 - s))
+    tl.store(c_ptr + offsets, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 def _precision():
@@ -114,8 +99,13 @@ def _use_triton(t):
     return t.is_cuda or (INTERPRET and t.device.type == 'cpu')
 
 
-def _grid(M, N):
-    return lambda meta: (triton.cdiv(M, meta['BLOCK_M']) * triton.cdiv(N, meta['BLOCK_N']),)
+def _gemm(a, b, z, c, silu_prologue, dsilu_epilogue):
+    (M, K), N = a.shape, b.shape[1]
+    grid = lambda meta: (triton.cdiv(M, meta['BLOCK_M']) * triton.cdiv(N, meta['BLOCK_N']),)  # noqa: E731
+    wrap_triton(_gemm_kernel)[grid](
+        a, b, z, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        SILU_PROLOGUE=silu_prologue, DSILU_EPILOGUE=dsilu_epilogue, PRECISION=_precision())
+    return c
 
 
 # ----------------------------------------------------------------------------- the ops
@@ -125,12 +115,8 @@ def silu_mm(z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """silu(z) @ w for z (M, K), w (K, N), any strides."""
     if not _use_triton(z):
         return F.silu(z) @ w
-    (M, K), N = z.shape, w.shape[1]
-    y = z.new_empty(M, N)
-    wrap_triton(_silu_matmul_kernel)[_grid(M, N)](
-        z, w, y, M, N, K, z.stride(0), z.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
-        PRECISION=_precision())
-    return y
+    y = z.new_empty(z.shape[0], w.shape[1])
+    return _gemm(z, w, y, y, silu_prologue=True, dsilu_epilogue=False)  # (z_ptr unused: y stands in)
 
 
 @triton_op('nanocola::mm_dsilu', mutates_args=())
@@ -139,12 +125,7 @@ def mm_dsilu(g: torch.Tensor, w: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     if not _use_triton(z):
         s = torch.sigmoid(z)
         return (g @ w) * (s * (1 + z * (1 - s)))
-    (M, K), N = g.shape, w.shape[1]
-    dz = torch.empty_like(z)
-    wrap_triton(_matmul_dsilu_kernel)[_grid(M, N)](
-        g, w, z, dz, M, N, K, g.stride(0), g.stride(1), w.stride(0), w.stride(1), dz.stride(0), dz.stride(1),
-        PRECISION=_precision())
-    return dz
+    return _gemm(g, w, z, torch.empty_like(z), silu_prologue=False, dsilu_epilogue=True)
 
 
 def _save_inputs(ctx, inputs, output):

@@ -16,7 +16,6 @@ Read top to bottom: config, building blocks (RMSNorm, RoPE, CoLALinear), the blo
 checkpoint, the model, and its helpers (parameter and FLOP counts, optimizer, generation).
 """
 
-import math
 from dataclasses import dataclass
 from functools import partial
 
@@ -46,7 +45,7 @@ class ModelConfig:
     checkpointing: str = 'none'  # 'none' | 'full' (recompute whole blocks) | 'cola_m' (CoLA-M)
     norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    fused_cola: bool = True  # CoLA product through kernels.cola_matmul (Triton on CUDA); False: eager PyTorch
+    fused_cola: bool = True  # up-projections through kernels.silu_matmul (Triton on CUDA); False: eager PyTorch
 
     def __post_init__(self):
         if self.checkpointing not in ('none', 'full', 'cola_m'):

@@ -113,7 +113,7 @@ def get_encoding(name):
             return tiktoken.get_encoding('gpt2')
         except Exception as e:  # tiktoken downloads its BPE files once, then caches them
             raise SystemExit(f"could not load tiktoken's gpt2 encoding ({type(e).__name__}); offline, point "
-                             f"TIKTOKEN_CACHE_DIR at a folder holding its files, or use --encoding=byte")
+                             f"TIKTOKEN_CACHE_DIR at a folder holding its files, or use --encoding=byte") from None
     raise SystemExit(f"encoding={name!r}: expected 'gpt2' or 'byte'")
 
 
@@ -134,12 +134,12 @@ def read_local(path):
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError:
-                    raise SystemExit(f"{path}:{line_no}: not a JSON line")
+                    raise SystemExit(f"{path}:{line_no}: not a JSON line") from None
                 if not isinstance(record, dict) or not isinstance(record.get('text'), str):
                     raise SystemExit(f"{path}:{line_no}: JSON line has no \"text\" string")
                 yield record['text']
     except (gzip.BadGzipFile, EOFError, zlib.error, UnicodeDecodeError) as e:
-        raise SystemExit(f"{path}: unreadable or corrupt file ({type(e).__name__}: {e})")
+        raise SystemExit(f"{path}: unreadable or corrupt file ({type(e).__name__}: {e})") from None
 
 
 def read_c4(path, data_file):
@@ -152,7 +152,7 @@ def read_c4(path, data_file):
     except (ConnectionError, OSError, ValueError) as e:
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise SystemExit(f"could not read {data_file} from {path} ({message}); without a network, "
-                         f"tokenise local files instead: --input='path/*.json.gz'")
+                         f"tokenise local files instead: --input='path/*.json.gz'") from None
 
 
 def read_source(source):

@@ -245,7 +245,8 @@ if master:
     os.makedirs(out_dir, exist_ok=True)
     log_file = open(os.path.join(out_dir, 'log.jsonl'), 'a')
     log_file.write(json.dumps({'config': config, 'model_config': vars(model_config), 'tokens_per_step': tokens_per_step,
-                               'flops_per_token': raw_model.flops_per_token(block_size)}) + '\n')
+                               'flops_per_token': raw_model.flops_per_token(block_size),
+                               'model_params': raw_model.num_params(False)}) + '\n')
     if wandb_log:
         import wandb
         wandb.init(project=wandb_project, name=wandb_run_name, config=config)
@@ -256,6 +257,9 @@ flops_per_step = raw_model.flops_per_token(block_size) * tokens_per_step
 
 
 def record(entry):
+    """A line of out_dir/log.jsonl (and wandb), with the training tokens and FLOPs so far and the
+    seconds since this process started."""
+    entry.update(tokens=iter_num * tokens_per_step, flops=iter_num * flops_per_step, elapsed_s=time.time() - process_start)
     if master:
         log_file.write(json.dumps(entry) + '\n')
         log_file.flush()
@@ -264,7 +268,7 @@ def record(entry):
 
 
 start_iter = iter_num
-t0 = time.time()
+process_start = t0 = time.time()
 while True:
     lr = get_lr(iter_num)
     for group in optimizer.param_groups:
@@ -274,8 +278,7 @@ while True:
         val_loss = evaluate()
         stop_if_not_finite(val_loss, 'the validation loss')
         log(f"iter {iter_num}: val loss {val_loss:.4f}, perplexity {math.exp(min(val_loss, 50)):.2f}")
-        record({'iter': iter_num, 'val_loss': val_loss, 'val_ppl': math.exp(min(val_loss, 50)),
-                'tokens': iter_num * tokens_per_step})
+        record({'iter': iter_num, 'val_loss': val_loss, 'val_ppl': math.exp(min(val_loss, 50))})
         if iter_num > start_iter:
             if val_loss < best_val_loss:
                 best_val_loss = val_loss
@@ -321,8 +324,7 @@ while True:
             f"{dt * 1000:.0f} ms/iter, {tokens_per_step / dt:,.0f} tokens/s"
             + (f", MFU {mfu:.1%}" if mfu else '') + (f", peak memory {memory:.1f} GiB" if memory else ''))
         record({'iter': iter_num, 'loss': loss_value, 'lr': lr, 'grad_norm': grad_norm.item(), 'ms_per_iter': dt * 1000,
-                'tokens_per_s': tokens_per_step / dt, 'mfu': mfu, 'peak_memory_gib': memory,
-                'tokens': iter_num * tokens_per_step})
+                'tokens_per_s': tokens_per_step / dt, 'mfu': mfu, 'peak_memory_gib': memory})
 
 if distributed:  # drop the wrapped model and line the processes up before tearing down (clean exit with gloo)
     del model

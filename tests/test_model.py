@@ -4,7 +4,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from bench import activation_bytes, measure_flops
 from configurator import read_config_file

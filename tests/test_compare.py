@@ -1,0 +1,47 @@
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(cwd, script, *args):
+    env = dict(os.environ)
+    env.pop('TRITON_INTERPRET', None)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=cwd, capture_output=True, text=True,
+                       timeout=600, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return r
+
+
+def test_compare_runs_end_to_end_and_its_table_comes_from_the_logs(tmp_path):
+    (tmp_path / 'text.txt').write_text('the quick brown fox jumps over the lazy dog. ' * 400)
+    run(tmp_path, 'prepare.py', '--input=text.txt', '--encoding=byte', '--out_dir=data', '--val_tokens=2000')
+    args = ['--data_dir=data', '--out_dir=cmp', '--n_layer=1', '--n_head=2', '--n_embd=32', '--intermediate_size=64',
+            '--rank=8', '--block_size=32', '--batch_size=4', '--max_iters=20', '--warmup_iters=2', '--eval_interval=10',
+            '--eval_tokens=512', '--full_rank_lrs=(1e-3,)', '--cola_lrs=(3e-3,1e-2)']
+    run(tmp_path, 'compare.py', *args)
+    runs = ['full-rank-lr0.001', 'cola-lr0.003', 'cola-lr0.01']
+    logs = {name: [json.loads(line) for line in open(tmp_path / 'cmp' / name / 'log.jsonl')] for name in runs}
+    best_cola = min(runs[1:], key=lambda name: logs[name][-1]['val_loss'])
+    colam = 'cola-m-lr' + best_cola.split('lr')[1]
+    logs[colam] = [json.loads(line) for line in open(tmp_path / 'cmp' / colam / 'log.jsonl')]
+    table = (tmp_path / 'cmp' / 'compare.md').read_text()
+    rows = {line.split('|')[1].strip(): [c.strip() for c in line.split('|')[2:-1]] for line in table.splitlines()
+            if line.startswith('| ') and not line.startswith('| run')}
+    assert set(rows) == set(logs)
+    for name, log in logs.items():
+        final = [r for r in log if 'val_loss' in r][-1]
+        assert final['iter'] == 20 and rows[name][1] == f"{final['val_loss']:.4f}"
+        assert rows[name][3] == f"{log[0]['model_params'] / 1e6:.2f}"
+    assert rows[colam][1] == rows[best_cola][1]  # CoLA-M reproduces CoLA
+    png = tmp_path / 'cmp' / 'compare.png'
+    try:
+        import matplotlib  # noqa: F401
+        assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    except ImportError:
+        assert not png.exists()
+    before = {name: os.path.getmtime(tmp_path / 'cmp' / name / 'log.jsonl') for name in logs}
+    run(tmp_path, 'compare.py', *args)  # finished runs are not run again
+    assert before == {name: os.path.getmtime(tmp_path / 'cmp' / name / 'log.jsonl') for name in logs}
