@@ -98,7 +98,7 @@ def benchmark(shape, device, ptdtype, batch, prompt_tokens, new_tokens):
         row['params'] = model.num_params(False)
         row['memory'] = row['params'] * element + kv_cache
         row['tokens_per_s'] = batch * new_tokens / sorted(times[name])[1]
-        lines.append(f"| {name} | {row['params'] / 1e6:.1f} | {row['memory'] / 2**20:.0f} | {row['tokens_per_s']:,.0f} |"
+        lines.append(f"| {name} | {row['params'] / 1e6:.1f} | {row['memory'] / 2**20:.0f} | {row['tokens_per_s']:,.1f} |"
                      + (f" {row['peak_GiB']:.2f} |" if 'peak_GiB' in row else ''))
     full, cola = rows['full-rank'], rows['CoLA']
     lines.append(f"\nCoLA: {cola['tokens_per_s'] / full['tokens_per_s']:.2f}x the generation throughput, "

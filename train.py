@@ -141,7 +141,7 @@ train_data, val_data = TokenStream('train'), TokenStream('val')
 
 # ----------------------------------------------------------------------------- model
 checkpoint_path = os.path.join(out_dir, 'ckpt.pt')
-model_fields = {k: config[k] for k in ModelConfig.__dataclass_fields__ if k in config and k != 'rope_theta'}
+model_fields = {k: config[k] for k in ModelConfig.__dataclass_fields__ if k in config}
 model_fields['vocab_size'] = vocab_size or -(-meta['vocab_size'] // 64) * 64
 checkpoint = None
 if init_from == 'resume':
@@ -157,7 +157,8 @@ if meta['vocab_size'] > model_fields['vocab_size']:
     raise SystemExit(f"vocab_size={model_fields['vocab_size']} is smaller than the vocabulary of {data_dir}/ "
                      f"({meta['encoding']}, {meta['vocab_size']} tokens)")
 model_config = ModelConfig(**model_fields)
-model = raw_model = Transformer(model_config).to(device)
+with torch.device(device):  # built where it runs (a 7b model would not fit in 8 copies in host memory)
+    model = raw_model = Transformer(model_config)
 log(f"{raw_model.num_params() / 1e6:.2f}M non-embedding parameters ({raw_model.num_params(False) / 1e6:.2f}M in all), "
     f"{tokens_per_step:,} tokens per step = {batch_size} x {block_size} x {gradient_accumulation_steps} x {world_size}")
 
