@@ -116,7 +116,7 @@ def silu_mm(z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if not _use_triton(z):
         return F.silu(z) @ w
     y = z.new_empty(z.shape[0], w.shape[1])
-    return _gemm(z, w, y, y, silu_prologue=True, dsilu_epilogue=False)  # (z_ptr unused: y stands in)
+    return _gemm(z, w, z, y, silu_prologue=True, dsilu_epilogue=False)  # the kernel's z is unread here
 
 
 @triton_op('nanocola::mm_dsilu', mutates_args=())

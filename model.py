@@ -58,10 +58,10 @@ class ModelConfig:
 
 # ----------------------------------------------------------------------------- building blocks
 
-def rope_tables(head_dim, length, theta=10000.0, start=0):
-    """cos and sin of the rotary angles, each (length, head_dim / 2), for positions start.. start+length-1."""
+def rope_tables(head_dim, length, theta=10000.0):
+    """cos and sin of the rotary angles, each (length, head_dim / 2), for positions 0 .. length - 1."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(start, start + length, dtype=torch.float32), inv_freq)
+    angles = torch.outer(torch.arange(length, dtype=torch.float32), inv_freq)
     return angles.cos(), angles.sin()
 
 
@@ -86,7 +86,7 @@ class CoLALinear(nn.Module):
     """The CoLA layer, a low-rank auto-encoder in place of a d_in x d_out linear layer:
 
         z = x @ A        (..., r)      down(): the only activation CoLA-M keeps
-        y = silu(z) @ B  (..., d_out)  up(): recomputed by CoLA-M in backward
+        y = silu(z) @ B  (..., d_out)  up(): recomputed by CoLA-M in backward (but o's and down's)
 
     Init as in the official code: A, B ~ N(0, 1) * r^(-1/4) * (d_in + d_out)^(-1/4), so that the
     product keeps the variance of a (d_in + d_out)^(-1/2)-scaled full-rank layer.
