@@ -94,6 +94,12 @@ def train_step_seconds(model, optimizer, idx, dtype):
     return time.perf_counter() - t0
 
 
+def resident_bytes(model, optimizer):
+    """Bytes of a model's parameters and its optimizer's state (gradients are freed after each step)."""
+    tensors = list(model.parameters()) + [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 VARIANTS = [  # name, uses CoLA layers, checkpointing
     ('full-rank', False, 'none'), ('full-rank + full ckpt', False, 'full'),
     ('CoLA', True, 'none'), ('CoLA + full ckpt', True, 'full'), ('CoLA-M', True, 'cola_m'),
@@ -125,13 +131,15 @@ def run_benchmark(shape, device, dtype, batch_size, seq_len, steps, warmup, comp
         times = {name: [] for name in models}
         for step in range(warmup + steps):  # interleaved: A B C A B C ..., so drifts hit all alike
             for name in models:
-                if device.startswith('cuda'):
+                if device.startswith('cuda'):  # the step's own peak: without the other variants' resident memory
+                    torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
+                    others = torch.cuda.memory_allocated() - resident_bytes(models[name], optimizers[name])
                 seconds = train_step_seconds(runs[name], optimizers[name], idx, ptdtype)
                 if step >= warmup:
                     times[name].append(seconds)
                 if device.startswith('cuda'):
-                    rows[name]['peak_memory_GiB'] = torch.cuda.max_memory_allocated() / 2**30
+                    rows[name]['peak_memory_GiB'] = (torch.cuda.max_memory_allocated() - others) / 2**30
         for name in models:
             rows[name]['tokens_per_s'] = batch_size * seq_len / sorted(times[name])[len(times[name]) // 2]
     return rows

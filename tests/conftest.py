@@ -7,8 +7,12 @@ _SHARED_TIKTOKEN = os.path.join(os.path.dirname(__file__), '..', '..', 'shared',
 if os.path.isdir(_SHARED_TIKTOKEN):
     os.environ.setdefault('TIKTOKEN_CACHE_DIR', os.path.abspath(_SHARED_TIKTOKEN))
 
-# Triton's interpreter runs the kernels on CPU tensors; it must be on when kernels.py defines them.
-os.environ.setdefault('TRITON_INTERPRET', '1')
+# Without a GPU, Triton's interpreter runs the kernels on CPU tensors; it must be on when kernels.py
+# defines them. With a GPU, the tests marked cuda run the compiled kernels.
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault('TRITON_INTERPRET', '1')
 import kernels  # noqa: E402
 
 
@@ -25,7 +29,6 @@ def _interpret_only_where_marked(request, monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    import torch
     if not torch.cuda.is_available():
         for item in items:
             if 'cuda' in item.keywords:
