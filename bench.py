@@ -13,8 +13,8 @@ torch.cuda.memory_allocated on CUDA), at two depths and subtracted, so the cost 
 isolated from embeddings and logits.
 """
 
-import json
 import time
+from json import dumps
 from dataclasses import replace
 
 import torch
@@ -229,7 +229,7 @@ if __name__ == '__main__':
     steps = 5
     warmup = 2
     compile = False
-    json_output = False
+    json = False  # print JSON instead of Markdown
     memory_table = False  # True: instead, the computed memory per GPU of every config in config/
     settings = configure(public_settings(globals()), sys.argv[1:])
     globals().update(settings)
@@ -248,8 +248,8 @@ if __name__ == '__main__':
     shape = ModelConfig(block_size=seq_len, **fields)
     torch.manual_seed(0)
     rows = run_benchmark(shape, device, dtype, batch_size, seq_len, steps, warmup, compile)
-    if json_output:
-        print(json.dumps({'settings': settings, 'rows': rows}, indent=1))
+    if json:
+        print(dumps({'settings': settings, 'rows': rows}, indent=1))
     else:
         print(f"{config or 'shapes'}: d={shape.n_embd}, f={shape.intermediate_size}, r={shape.rank}, {shape.n_layer} layers, "
               f"vocab {shape.vocab_size}, {batch_size} x {seq_len} tokens, {device}, {dtype}" + (', compiled' if compile else ''))

@@ -6,6 +6,7 @@ nanoGPT-style configuration: a script keeps its settings as plain module-level v
 applies, in order, config files (python files of plain assignments) and --key=value overrides:
 
     python train.py config/cola_60m.py --batch_size=32 --compile=False
+    python bench.py --json                      # a bare --flag sets a boolean setting to True
 
 Every key must already exist in the script, and an override must have the type of the value it
 replaces (an int may stand for a float; a setting whose default is None takes anything), so a typo
@@ -42,6 +43,8 @@ def configure(settings, argv):
                     raise SystemExit(f"{arg}: unknown setting {key!r}")
                 settings[key] = _checked(key, value, settings[key], arg)
             continue
+        if '=' not in arg and isinstance(settings.get(arg[2:]), bool):
+            arg += '=True'  # a bare --flag switches a boolean setting on
         if '=' not in arg:
             raise SystemExit(f"argument {arg!r}: expected --key=value or a config file")
         key, text = arg[2:].split('=', 1)

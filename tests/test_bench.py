@@ -30,7 +30,7 @@ def test_bench_runs_on_a_tiny_cpu_config_and_reports_consistent_counts():
             '--batch_size=2', '--seq_len=32', '--steps=2', '--warmup=1']
     env = dict(os.environ)
     env.pop('TRITON_INTERPRET', None)
-    r = subprocess.run([sys.executable, os.path.join(ROOT, 'bench.py'), *args, '--json_output=True'], capture_output=True,
+    r = subprocess.run([sys.executable, os.path.join(ROOT, 'bench.py'), *args, '--json'], capture_output=True,
                        text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout[r.stdout.index('{'):])['rows']
