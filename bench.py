@@ -4,7 +4,7 @@ recomputation and throughput of full-rank, full-rank + 'full' checkpointing, CoL
 and CoLA-M at the same shapes.
 
     python bench.py                                          # 350m widths, 2 layers, on the CPU
-    python bench.py --config=config/cola_1b.py --device=meta  # counts only (no timing), any size
+    python bench.py --config=config/cola_1b.py --n_layer=0 --device=meta  # counts only (no timing), any size
     python bench.py --config=config/cola_350m.py --n_layer=0 --device=cuda --dtype=bfloat16 --compile=True --batch_size=64
 
 Counts are measured, not derived: FLOPs with torch.utils.flop_counter.FlopCounterMode, activation
@@ -220,7 +220,8 @@ if __name__ == '__main__':
     config = ''  # a config file whose shapes to use; '' = the shapes below
     n_layer = 2  # 0: the config file's depth
     n_head, n_embd, intermediate_size, rank = 16, 1024, 2736, 256  # 350m widths
-    vocab_size = 4096  # with 2 layers, the output layer's share of the FLOPs is about that of the real 350m
+    vocab_size = 0  # 0: 4096 for the shapes above (with 2 layers, the output layer's share of the FLOPs
+    #                 is then about that of the real 350m), GPT-2's 50304 with a config file
     only_lr_act = False
     device = 'cpu'  # 'cpu', 'cuda', or 'meta' (counts only, any size)
     dtype = 'float32'
@@ -235,7 +236,7 @@ if __name__ == '__main__':
     globals().update(settings)
 
     fields = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, intermediate_size=intermediate_size, rank=rank,
-                  vocab_size=vocab_size, only_lr_act=only_lr_act)
+                  vocab_size=vocab_size or (50304 if config else 4096), only_lr_act=only_lr_act)
     if config:
         from_file = read_config_file(config)
         fields.update({k: from_file[k] for k in ('n_layer', 'n_head', 'n_embd', 'intermediate_size', 'only_lr_act')
