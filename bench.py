@@ -195,8 +195,8 @@ def memory_per_gpu_table(gpus=8):
     lines = ['| config | parallel | micro-batch | weights + grads + AdamW (GiB) | activations (GiB) | logits (GiB) | total (GiB) |',
              '|---|---|---|---|---|---|---|']
     order = {'60m': 0, '130m': 1, '350m': 2, '1b': 3, '7b': 4}
-    paths = sorted(glob.glob('config/*_*m.py') + glob.glob('config/*_*b.py'),
-                   key=lambda p: (order.get(p.split('_')[-1][:-3], 9), p))
+    paths = sorted((p for kind in ('full', 'cola', 'colam') for p in glob.glob(f'config/{kind}_*.py')),
+                   key=lambda p: (order[p.split('_')[-1][:-3]], p))
     for path in paths:
         c = read_config_file(path)
         shape = ModelConfig(**{k: v for k, v in c.items() if k in ModelConfig.__dataclass_fields__})
