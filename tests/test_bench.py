@@ -1,14 +1,10 @@
 import json
-import os
-import subprocess
-import sys
 
 import torch
 import torch.nn.functional as F
+from helpers import ROOT, run
 
 from bench import count_flops
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_flop_counter_counts_a_plain_matmul():  # the counting helper against a count by hand
@@ -28,11 +24,7 @@ def test_flop_counter_counts_a_plain_matmul():  # the counting helper against a 
 def test_bench_runs_on_a_tiny_cpu_config_and_reports_consistent_counts():
     args = ['--n_layer=1', '--n_head=2', '--n_embd=64', '--intermediate_size=128', '--rank=16', '--vocab_size=256',
             '--batch_size=2', '--seq_len=32', '--steps=2', '--warmup=1']
-    env = dict(os.environ)
-    env.pop('TRITON_INTERPRET', None)
-    r = subprocess.run([sys.executable, os.path.join(ROOT, 'bench.py'), *args, '--json'], capture_output=True,
-                       text=True, timeout=120, env=env)
-    assert r.returncode == 0, r.stderr
+    r = run(ROOT, 'bench.py', *args, '--json')
     rows = json.loads(r.stdout[r.stdout.index('{'):])['rows']
     d, f, r_, V = 64, 128, 16, 256
     embeddings = 2 * V * d
@@ -43,6 +35,5 @@ def test_bench_runs_on_a_tiny_cpu_config_and_reports_consistent_counts():
     assert rows['full-rank + full ckpt']['activation_bytes_per_token_per_layer'] == 4 * d
     assert rows['CoLA-M']['activation_bytes_per_token_per_layer'] == 4 * (2 * d + 7 * r_)
     assert rows['CoLA-M']['recompute_flops_per_token'] < rows['full-rank + full ckpt']['recompute_flops_per_token']
-    table = subprocess.run([sys.executable, os.path.join(ROOT, 'bench.py'), *args], capture_output=True, text=True,
-                           timeout=120, env=env).stdout
+    table = run(ROOT, 'bench.py', *args).stdout
     assert table.count('\n| ') == 6 and 'Against the paper:' in table and 'throughput: CoLA' in table

@@ -1,18 +1,8 @@
 import json
 import os
-import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import run
 
-
-def run(cwd, script, *args):
-    env = dict(os.environ)
-    env.pop('TRITON_INTERPRET', None)
-    r = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=cwd, capture_output=True, text=True,
-                       timeout=600, env=env)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return r
 
 
 def test_compare_runs_end_to_end_and_its_table_comes_from_the_logs(tmp_path):

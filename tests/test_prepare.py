@@ -8,10 +8,9 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import ROOT, run
 
 from prepare import ByteEncoding, read_shard, write_shard
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DOCS = [
     'Hello, world. This is a short document.',
@@ -24,9 +23,7 @@ DOCS = [
 
 
 def run_prepare(cwd, *args, env=None):
-    full_env = dict(os.environ, **(env or {}))  # conftest.py set TIKTOKEN_CACHE_DIR
-    return subprocess.run([sys.executable, os.path.join(ROOT, 'prepare.py'), *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=300)
+    return run(cwd, 'prepare.py', *args, env=env, check=False)
 
 
 def write_c4_file(path, docs):

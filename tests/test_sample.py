@@ -1,14 +1,12 @@
 import os
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
 import torch
+from helpers import ROOT, run
 
 from model import ModelConfig, Transformer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ModelConfig(vocab_size=64, block_size=24, n_layer=2, n_head=2, n_embd=32, intermediate_size=48)
 
 
@@ -51,16 +49,6 @@ def test_sampling_is_reproducible_and_top_k_1_is_greedy():
         samples.append(model.generate(prompt, 15, temperature=1.0, top_k=10))
     assert torch.equal(samples[0], samples[1])
     assert torch.equal(model.generate(prompt, 15, temperature=0.7, top_k=1), model.generate(prompt, 15, temperature=0))
-
-
-def run(cwd, script, *args, check=True):
-    env = dict(os.environ)
-    env.pop('TRITON_INTERPRET', None)
-    r = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=cwd, capture_output=True, text=True,
-                       timeout=300, env=env)
-    if check:
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    return r
 
 
 def test_sample_py_end_to_end_on_a_tiny_training_run(tmp_path):

@@ -1,27 +1,13 @@
 import json
 import os
 import random
-import subprocess
-import sys
 
 import pytest
+from helpers import run
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ['--n_layer=2', '--n_head=2', '--n_embd=64', '--intermediate_size=128', '--rank=16', '--block_size=32',
         '--batch_size=4', '--learning_rate=3e-3', '--min_lr=3e-4', '--warmup_iters=5', '--lr_decay_iters=40',
         '--eval_tokens=1024', '--log_interval=1', '--device=cpu', '--dtype=float32', '--compile=False']
-
-
-def run(cwd, script, *args, torchrun=0, check=True):
-    command = [sys.executable, os.path.join(ROOT, script), *args]
-    if torchrun:
-        command = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={torchrun}', *command[1:]]
-    env = dict(os.environ, OMP_NUM_THREADS='1')
-    env.pop('TRITON_INTERPRET', None)  # conftest.py's switch is for the kernel tests: training runs eager here
-    r = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
-    if check:
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    return r
 
 
 @pytest.fixture(scope='module')

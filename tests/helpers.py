@@ -1,0 +1,21 @@
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(cwd, script, *args, torchrun=0, env=None, check=True):
+    """Run one of the repository's scripts in cwd, as a user would (under torchrun with that many
+    processes); returns the CompletedProcess, asserting success when check."""
+    command = [sys.executable, os.path.join(ROOT, script), *args]
+    if torchrun:
+        command[1:1] = ['-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={torchrun}']
+    full_env = dict(os.environ, **(env or {}))  # conftest.py set TIKTOKEN_CACHE_DIR
+    full_env.pop('TRITON_INTERPRET', None)  # conftest.py's switch is for the kernel tests: scripts run eager
+    if torchrun:
+        full_env['OMP_NUM_THREADS'] = '1'
+    r = subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=600)
+    if check:
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return r
