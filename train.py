@@ -268,14 +268,14 @@ def record(entry):
             wandb.log(entry, step=entry['iter'])
 
 
-start_iter = iter_num
+start_iter = timed_from = iter_num  # timed_from: the step where the current timing started
 process_start = t0 = time.time()
 while True:
     lr = get_lr(iter_num)
     for group in optimizer.param_groups:
         group['lr'] = lr
 
-    if iter_num % eval_interval == 0 or iter_num == max_iters:
+    if iter_num % eval_interval == 0 or iter_num >= max_iters:
         val_loss = evaluate()
         stop_if_not_finite(val_loss, 'the validation loss')
         log(f"iter {iter_num}: val loss {val_loss:.4f}, perplexity {math.exp(min(val_loss, 50)):.2f}")
@@ -285,10 +285,10 @@ while True:
                 best_val_loss = val_loss
                 if keep_best:
                     save_checkpoint(os.path.join(out_dir, 'best.pt'))
-            if always_save_checkpoint or iter_num == max_iters:
+            if always_save_checkpoint or iter_num >= max_iters:
                 save_checkpoint(checkpoint_path)
-        t0 = time.time()
-    if iter_num == max_iters:
+        t0, timed_from = time.time(), iter_num  # leave the evaluation out of the step times
+    if iter_num >= max_iters:
         break
 
     # one optimizer step: this process's contiguous slice of the global batch, in micro-steps
@@ -317,8 +317,8 @@ while True:
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, 'full_tensor') else grad_norm
         stop_if_not_finite(loss_value, 'the training loss')
         stop_if_not_finite(grad_norm.item(), 'the gradient norm')
-        dt = (time.time() - t0) / log_interval if iter_num - start_iter >= log_interval else time.time() - t0
-        t0 = time.time()
+        dt = (time.time() - t0) / (iter_num - timed_from)  # seconds per step
+        t0, timed_from = time.time(), iter_num
         mfu = flops_per_step / dt / (peak_flops * world_size) if peak_flops else None
         memory = torch.cuda.max_memory_allocated(device) / 2**30 if device_type == 'cuda' else None
         log(f"iter {iter_num}: loss {loss_value:.4f}, lr {lr:.2e}, grad norm {grad_norm.item():.3f}, "
