@@ -88,6 +88,33 @@ def test_cola_m_without_cola_layers_is_an_error():
         ModelConfig(rank=16, checkpointing='selective')
 
 
+def saved_tensor_bytes(config, batch_size, seq_len):
+    """The independent count: bytes of the unique storages saved for backward, seen by
+    saved_tensors_hooks, per token and layer (two depths subtracted). Blind to what selective
+    checkpointing caches, so only for 'none' and 'full'."""
+    per_depth = []
+    for n_layer in (1, 2):
+        model = build(replace(config, n_layer=n_layer))
+        weights = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+        storages = {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in weights:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        idx = torch.randint(0, config.vocab_size, (batch_size, seq_len))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(idx, idx)
+        per_depth.append(sum(storages.values()))
+    return (per_depth[1] - per_depth[0]) / (batch_size * seq_len)
+
+
+@pytest.mark.parametrize('rank,mode', [(0, 'none'), (0, 'full'), (16, 'none'), (16, 'full')])
+def test_activation_probe_agrees_with_saved_tensors_hooks(rank, mode):
+    config = replace(TINY, rank=rank, checkpointing=mode)
+    assert activation_bytes(config, 8, 32) == saved_tensor_bytes(config, 8, 32)
+
+
 def test_saved_activations_per_token_and_layer():
     d, r = 128, 32
     config = replace(TINY, n_embd=d, rank=r)
