@@ -5,7 +5,10 @@ and CoLA-M at the same shapes.
 
     python bench.py                                          # 350m widths, 2 layers, on the CPU
     python bench.py --config=config/cola_1b.py --n_layer=0 --device=meta  # counts only (no timing), any size
-    python bench.py --config=config/cola_350m.py --n_layer=0 --device=cuda --dtype=bfloat16 --compile=True --batch_size=64
+    python bench.py --config=config/cola_350m.py --n_layer=0 --device=cuda --dtype=bfloat16 --compile_model --batch_size=64
+    python bench.py --generation --config=config/cola_1b.py  # KV-cached generation, CoLA against full-rank
+    python bench.py --table=params                           # parameter counts of every config in config/
+    python bench.py --table=memory                           # computed memory per GPU of every config
 
 Counts are measured, not derived: FLOPs with torch.utils.flop_counter.FlopCounterMode, activation
 memory as the bytes still allocated after a forward pass (the profiler's memory events on CPU,
@@ -13,13 +16,17 @@ torch.cuda.memory_allocated on CUDA), at two depths and subtracted, so the cost 
 isolated from embeddings and logits.
 """
 
+import os
+import sys
 import time
-from json import dumps
+from contextlib import contextmanager
 from dataclasses import replace
+from json import dumps
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from configurator import configure, public_settings, read_config_file
 from model import ModelConfig, Transformer
 
 # FlopCounterMode has no formula for PyTorch's CPU attention kernel; give it the generic SDPA one.
@@ -54,6 +61,20 @@ def measure_flops(config, seq_len, device='meta'):
     return (forward + backward) / seq_len, (backward - totals['none'][1]) / seq_len
 
 
+@contextmanager
+def quiet_stderr():
+    """The profiler's C++ side prints a line to stderr at each start and stop: mute file descriptor 2."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, 'w') as null:
+        os.dup2(null.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _allocated_after_forward(model, idx):
     if idx.is_cuda:
         torch.cuda.synchronize()
@@ -61,7 +82,7 @@ def _allocated_after_forward(model, idx):
         _, loss = model(idx, idx)
         torch.cuda.synchronize()
         return torch.cuda.memory_allocated() - before
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+    with quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         _, loss = model(idx, idx)
     return sum(event.self_cpu_memory_usage for event in prof.events())
 
@@ -106,7 +127,7 @@ VARIANTS = [  # name, uses CoLA layers, checkpointing
 ]
 
 
-def run_benchmark(shape, device, dtype, batch_size, seq_len, steps, warmup, compile):
+def run_benchmark(shape, device, dtype, batch_size, seq_len, steps, warmup, compile_model):
     """Every variant at the same shapes: counts for all, timings unless device is 'meta'."""
     ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16}[dtype]
     configs = {name: replace(shape, rank=shape.rank if cola else 0, checkpointing=mode) for name, cola, mode in VARIANTS}
@@ -127,7 +148,7 @@ def run_benchmark(shape, device, dtype, batch_size, seq_len, steps, warmup, comp
         idx = torch.randint(0, shape.vocab_size, (batch_size, seq_len), device=device)
         models = {name: Transformer(config).to(device) for name, config in configs.items()}
         optimizers = {name: m.configure_optimizers(0.0, 1e-4, (0.9, 0.95), device) for name, m in models.items()}
-        runs = {name: torch.compile(m) if compile else m for name, m in models.items()}
+        runs = {name: torch.compile(m) if compile_model else m for name, m in models.items()}
         times = {name: [] for name in models}
         for step in range(warmup + steps):  # interleaved: A B C A B C ..., so drifts hit all alike
             for name in models:
@@ -184,37 +205,87 @@ def markdown(rows):
     return '\n'.join(lines)
 
 
-def memory_per_gpu_table(gpus=8):
-    """Computed (not measured) memory per GPU of each config's training run on `gpus` GPUs: 16 bytes
-    per parameter (fp32 weight, grad and two AdamW moments; divided by the GPUs under FSDP), plus
-    activations (bytes per token per layer measured on the CPU under bf16 autocast, times layers and
-    micro-batch tokens), plus the logits (bf16, their fp32 copy for the loss, and its gradient)."""
-    import glob
+def config_shape(path, **overrides):
+    """The ModelConfig of a config file: train.py's defaults, then the file's values, then overrides."""
+    settings = {k: v.default for k, v in ModelConfig.__dataclass_fields__.items()}
+    settings.update({k: v for k, v in read_config_file(path).items() if k in settings}, **overrides)
+    return ModelConfig(**settings), read_config_file(path)
 
-    from configurator import read_config_file
-    lines = ['| config | parallel | micro-batch | weights + grads + AdamW (GiB) | activations (GiB) | logits (GiB) | total (GiB) |',
-             '|---|---|---|---|---|---|---|']
-    order = {'60m': 0, '130m': 1, '350m': 2, '1b': 3, '7b': 4}
-    paths = sorted((p for kind in ('full', 'cola', 'colam') for p in glob.glob(f'config/{kind}_*.py')),
-                   key=lambda p: (order[p.split('_')[-1][:-3]], p))
+
+def params_table(paths):
+    """Markdown rows: shapes and parameter counts of each config file, with GPT-2's padded vocabulary."""
+    lines = ['| config | d | f | heads | layers | rank | vocab | params (M) | non-embedding (M) |', '|' + '---|' * 9]
     for path in paths:
-        c = read_config_file(path)
-        shape = ModelConfig(**{k: v for k, v in c.items() if k in ModelConfig.__dataclass_fields__})
+        shape, _ = config_shape(path)
         with torch.device('meta'):
-            params = Transformer(shape).num_params(False)
-        states = 16 * params / (gpus if c.get('parallel') == 'fsdp' else 1)
-        tokens = c['batch_size'] * shape.block_size
-        activations = activation_bytes(shape, 1, shape.block_size, dtype=torch.bfloat16) * shape.n_layer * tokens
-        logits = tokens * shape.vocab_size * (2 + 4 + 4)
-        lines.append(f"| {path} | {c.get('parallel', 'ddp')} | {c['batch_size']} x {shape.block_size} | {states / 2**30:.1f} | "
-                     f"{activations / 2**30:.1f} | {logits / 2**30:.1f} | {(states + activations + logits) / 2**30:.1f} |")
+            model = Transformer(shape)
+        lines.append(f'| {path} | {shape.n_embd} | {shape.intermediate_size} | {shape.n_head} | {shape.n_layer} | '
+                     f'{shape.rank} | {shape.vocab_size} | {model.num_params(False) / 1e6:.1f} | {model.num_params() / 1e6:.1f} |')
+    return '\n'.join(lines)
+
+
+def memory_per_gpu_table(paths, gpus=8):
+    """Computed (not measured) memory per GPU of each config's training run on `gpus` GPUs, and of
+    CoLA-M for each CoLA config: 16 bytes per parameter (fp32 weight, grad and two AdamW moments;
+    divided by the GPUs under FSDP), plus activations (bytes per token per layer measured on the CPU
+    under bf16 autocast, times layers and micro-batch tokens), plus the logits (bf16, their fp32 copy
+    for the loss, and its gradient). Prints each row as it is measured."""
+    print('| config | parallel | micro-batch | weights + grads + AdamW (GiB) | activations (GiB) | logits (GiB) | total (GiB) |')
+    print('|---|---|---|---|---|---|---|', flush=True)
+    for path in paths:
+        for mode in ('none', 'cola_m') if 'cola_' in path else ('none',):
+            shape, settings = config_shape(path, checkpointing=mode)
+            with torch.device('meta'):
+                params = Transformer(shape).num_params(False)
+            states = 16 * params / (gpus if settings.get('parallel') == 'fsdp' else 1)
+            tokens = settings.get('batch_size', 64) * shape.block_size
+            activations = activation_bytes(shape, 1, shape.block_size, dtype=torch.bfloat16) * shape.n_layer * tokens
+            logits = tokens * shape.vocab_size * (2 + 4 + 4)
+            name = path + (' --checkpointing=cola_m' if mode == 'cola_m' else '')
+            print(f"| {name} | {settings.get('parallel', 'ddp')} | {tokens // shape.block_size} x {shape.block_size} | "
+                  f"{states / 2**30:.1f} | {activations / 2**30:.1f} | {logits / 2**30:.1f} | "
+                  f"{(states + activations + logits) / 2**30:.1f} |", flush=True)
+
+
+def generation_benchmark(shape, device, ptdtype, batch, prompt_tokens, new_tokens):
+    """Tokens/s of KV-cached greedy generation, and memory of weights plus KV cache, full-rank vs CoLA."""
+    rows = {}
+    models = {name: Transformer(replace(shape, rank=r)).to(device, ptdtype).eval()
+              for name, r in [('full-rank', 0), ('CoLA', shape.rank)]}
+    idx = torch.randint(0, shape.vocab_size, (batch, prompt_tokens), device=device)
+    times = {name: [] for name in models}
+    for step in range(4):  # interleaved; the first round warms up
+        for name, model in models.items():
+            if device.startswith('cuda'):
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            model.generate(idx, new_tokens, temperature=0)
+            if device.startswith('cuda'):
+                torch.cuda.synchronize()
+                rows.setdefault(name, {})['peak_GiB'] = torch.cuda.max_memory_allocated() / 2**30
+            if step > 0:
+                times[name].append(time.perf_counter() - t0)
+    element = torch.finfo(ptdtype).bits // 8
+    kv_cache = 2 * shape.n_layer * batch * shape.block_size * shape.n_embd * element
+    lines = ['| model | params (M) | weights + KV cache (MiB) | tokens/s |' + (' peak memory (GiB) |' if device.startswith('cuda') else ''),
+             '|---|---|---|---|' + ('---|' if device.startswith('cuda') else '')]
+    for name, model in models.items():
+        row = rows.setdefault(name, {})
+        row['params'] = model.num_params(False)
+        row['memory'] = row['params'] * element + kv_cache
+        row['tokens_per_s'] = batch * new_tokens / sorted(times[name])[1]
+        lines.append(f"| {name} | {row['params'] / 1e6:.1f} | {row['memory'] / 2**20:.0f} | {row['tokens_per_s']:,.1f} |"
+                     + (f" {row['peak_GiB']:.2f} |" if 'peak_GiB' in row else ''))
+    full, cola = rows['full-rank'], rows['CoLA']
+    lines.append(f"\nCoLA: {cola['tokens_per_s'] / full['tokens_per_s']:.2f}x the generation throughput, "
+                 f"{full['memory'] / cola['memory']:.2f}x less memory for weights + KV cache "
+                 f"(paper: about 1.64x and 1.67x at r = d/4)")
     return '\n'.join(lines)
 
 
 if __name__ == '__main__':
-    import sys
-
-    from configurator import configure, public_settings, read_config_file
+    import glob
 
     # ------------------------------------------------------------------------- config
     config = ''  # a config file whose shapes to use; '' = the shapes below
@@ -229,29 +300,41 @@ if __name__ == '__main__':
     seq_len = 256
     steps = 5
     warmup = 2
-    compile = False
-    json = False  # print JSON instead of Markdown
-    memory_table = False  # True: instead, the computed memory per GPU of every config in config/
+    compile_model = False
+    as_json = False  # print JSON instead of Markdown
+    table = ''  # 'params' or 'memory': instead, parameter counts or computed memory per GPU of every config/ file
+    generation = False  # instead: KV-cached generation, CoLA against full-rank
+    prompt_tokens, new_tokens = 16, 32  # for generation, with batch_size sequences
     settings = configure(public_settings(globals()), sys.argv[1:])
     globals().update(settings)
 
+    configs = sorted(glob.glob('config/full_*.py') + glob.glob('config/cola_*.py'),
+                     key=lambda p: (['60m', '130m', '350m', '1b', '7b'].index(p.split('_')[-1][:-3]), p))
+    if table not in ('', 'params', 'memory'):
+        raise SystemExit(f"table={table!r}: expected 'params' or 'memory'")
+    if table:
+        print(params_table(configs)) if table == 'params' else memory_per_gpu_table(configs)
+        sys.exit()
     fields = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, intermediate_size=intermediate_size, rank=rank,
                   vocab_size=vocab_size or (50304 if config else 4096), only_lr_act=only_lr_act)
     if config:
-        from_file = read_config_file(config)
-        fields.update({k: from_file[k] for k in ('n_layer', 'n_head', 'n_embd', 'intermediate_size', 'only_lr_act')
-                       if k in from_file})
-        fields['rank'] = from_file.get('rank') or from_file.get('n_embd', n_embd) // 4  # a full-rank config: r = d/4
-        fields['n_layer'] = n_layer or fields['n_layer']
-    if memory_table:
-        print(memory_per_gpu_table())
-        sys.exit()
+        file_shape, _ = config_shape(config)
+        fields.update({k: getattr(file_shape, k) for k in ('n_head', 'n_embd', 'intermediate_size', 'only_lr_act')})
+        fields['rank'] = file_shape.rank or file_shape.n_embd // 4  # a full-rank config: r = d/4
+        fields['n_layer'] = n_layer or file_shape.n_layer
     shape = ModelConfig(block_size=seq_len, **fields)
     torch.manual_seed(0)
-    rows = run_benchmark(shape, device, dtype, batch_size, seq_len, steps, warmup, compile)
-    if json:
-        print(dumps({'settings': settings, 'rows': rows}, indent=1))
+    ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16}[dtype]
+    print(f"{config or 'shapes'}: d={shape.n_embd}, f={shape.intermediate_size}, r={shape.rank}, {shape.n_layer} layers, "
+          f"vocab {shape.vocab_size}, {device}, {dtype}" + (', compiled' if compile_model else ''),
+          file=sys.stderr if as_json else sys.stdout)
+    if generation:
+        print(f"batch {batch_size}, {prompt_tokens}-token prompt, {new_tokens} new tokens, greedy")
+        print(generation_benchmark(shape, device, ptdtype, batch_size, prompt_tokens, new_tokens))
+        sys.exit()
+    rows = run_benchmark(shape, device, dtype, batch_size, seq_len, steps, warmup, compile_model)
+    if as_json:
+        print(dumps({'settings': settings, 'shape': vars(shape), 'rows': rows}, indent=1))
     else:
-        print(f"{config or 'shapes'}: d={shape.n_embd}, f={shape.intermediate_size}, r={shape.rank}, {shape.n_layer} layers, "
-              f"vocab {shape.vocab_size}, {batch_size} x {seq_len} tokens, {device}, {dtype}" + (', compiled' if compile else ''))
+        print(f"{batch_size} x {seq_len} tokens per step")
         print(markdown(rows))

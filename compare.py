@@ -2,7 +2,7 @@
 CoLA against full-rank on the same data, side by side: does CoLA reach full-rank loss with half the
 compute, and does CoLA-M reproduce CoLA's curve with less memory?
 
-    python prepare.py --input=../shared/data/tinyshakespeare.txt --encoding=byte --out_dir=data/tiny
+    python prepare.py --input_files=assets/tinyshakespeare.txt --encoding=byte --out_dir=data/tiny
     python compare.py                        # the CPU default: about 20 minutes on 2 cores
     python compare.py config/compare_60m.py  # 60m shapes on C4 shards, one GPU
 
@@ -42,7 +42,7 @@ full_rank_lrs = (3e-4, 1e-3, 3e-3)  # peak learning rates swept for full-rank ..
 cola_lrs = (1e-3, 3e-3, 6e-3)  # ... and for CoLA; CoLA-M runs at CoLA's best
 device = 'cpu'
 dtype = 'float32'
-compile = False
+compile_model = False
 nproc = 1  # processes per run (torchrun), e.g. GPUs
 
 
@@ -58,18 +58,28 @@ def train(name, lr, **model):
             intermediate_size=intermediate_size, only_lr_act=only_lr_act, block_size=block_size, batch_size=batch_size,
             gradient_accumulation_steps=gradient_accumulation_steps, max_iters=max_iters, lr_decay_iters=max_iters,
             warmup_iters=warmup_iters, eval_interval=eval_interval, eval_tokens=eval_tokens, learning_rate=lr,
-            min_lr=lr / 10, device=device, dtype=dtype, compile=compile, keep_best=False, log_interval=10, **model).items()]
+            min_lr=lr / 10, device=device, dtype=dtype, compile_model=compile_model, keep_best=False, log_interval=10, **model).items()]
         launcher = [sys.executable] if nproc == 1 else [sys.executable, '-m', 'torch.distributed.run', '--standalone',
                                                          f'--nproc_per_node={nproc}']
-        print(f"{name}: training ...", flush=True)
+        print(f"run {len(finished) + 1} of {total_runs}, {name}: training ...", flush=True)
         done = subprocess.run(launcher + [os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')] + args)
         if done.returncode != 0:
             raise SystemExit(f"run {name} failed (exit {done.returncode}); its output is above")
+    finished.append(name)
     return read_log(log_path)
 
 
 def read_log(path):
-    return [json.loads(line) for line in open(path)]
+    """The records of a run's log.jsonl; where a run resumed, the records of the steps it redid replace
+    those of the run that stopped."""
+    records = []
+    for record in map(json.loads, open(path)):
+        if 'resumed_at' in record:
+            n = record['resumed_at']  # the resumed run evaluates at n again
+            records = [r for r in records if r.get('iter', -1) < n or (r.get('iter') == n and 'val_loss' not in r)]
+        else:
+            records.append(record)
+    return records
 
 
 def summary(name, lr, records):
@@ -131,6 +141,7 @@ if __name__ == '__main__':
     settings = configure(public_settings(globals()), sys.argv[1:])
     globals().update(settings)
     os.makedirs(out_dir, exist_ok=True)
+    finished, total_runs = [], len(full_rank_lrs) + len(cola_lrs) + 1
     rows = []
     for lr in full_rank_lrs:
         rows.append(summary(f'full-rank-lr{lr:g}', lr, train(f'full-rank-lr{lr:g}', lr, rank=0)))

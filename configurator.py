@@ -5,8 +5,8 @@ nanoGPT-style configuration: a script keeps its settings as plain module-level v
 
 applies, in order, config files (python files of plain assignments) and --key=value overrides:
 
-    python train.py config/cola_60m.py --batch_size=32 --compile=False
-    python bench.py --json                      # a bare --flag sets a boolean setting to True
+    python train.py config/cola_60m.py --batch_size=32 --compile_model=False
+    python bench.py --as_json                   # a bare --flag sets a boolean setting to True
 
 Every key must already exist in the script, and an override must have the type of the value it
 replaces (an int may stand for a float; a setting whose default is None takes anything), so a typo
@@ -31,7 +31,8 @@ def _checked(key, value, default, source):
         return value
     if type(default) is float and type(value) is int:
         return float(value)
-    raise SystemExit(f"{source}: {key}={value!r} is a {type(value).__name__}, expected a {type(default).__name__}")
+    article = lambda t: ('an ' if t.__name__[0] in 'aeiou' else 'a ') + t.__name__  # noqa: E731
+    raise SystemExit(f"{source}: {key}={value!r} is {article(type(value))}, expected {article(type(default))}")
 
 
 def configure(settings, argv):

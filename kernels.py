@@ -190,4 +190,6 @@ def benchmark(tokens=16384, dtype=torch.bfloat16):
 
 
 if __name__ == '__main__':
+    if not torch.cuda.is_available():
+        raise SystemExit("python kernels.py benchmarks the Triton kernels on a CUDA GPU, and this machine has none")
     benchmark()

@@ -12,10 +12,12 @@ gradient checkpoint: for backward it keeps only the residual stream and the r-wi
 z = x @ A, and recomputes everything else, which is cheap because only the up-projections B (and
 attention) are recomputed, never the down-projections A.
 
-Read top to bottom: config, building blocks (RMSNorm, RoPE, CoLALinear), the block, the CoLA-M
-checkpoint, the model, and its helpers (parameter and FLOP counts, optimizer, generation).
+Read top to bottom: config, building blocks (RMSNorm, RoPE, CoLALinear, attention, MLP), the
+CoLA-M checkpoint and the block, the model, and its helpers (parameter and FLOP counts, optimizer,
+generation).
 """
 
+import os
 from dataclasses import dataclass
 from functools import partial
 
@@ -23,8 +25,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
-
-from configurator import read_config_file
 
 try:
     import kernels  # the fused CoLA product; without Triton installed, CoLA layers run eager PyTorch
@@ -40,20 +40,31 @@ class ModelConfig:
     n_head: int = 8
     n_embd: int = 512
     intermediate_size: int = 1376  # SwiGLU hidden width
-    rank: int = 0  # 0: full-rank nn.Linear projections; > 0: CoLA bottlenecks of this width
+    rank: int = 128  # 0: full-rank nn.Linear projections; > 0: CoLA bottlenecks of this width
     only_lr_act: bool = False  # True: the MLP drops SwiGLU's own SiLU (CoLA's layers are non-linear already)
-    checkpointing: str = 'none'  # 'none' | 'full' (recompute whole blocks) | 'cola_m' (CoLA-M)
     norm_eps: float = 1e-6
     rope_theta: float = 10000.0
+    # how to run it, not what it is: a checkpoint loads whatever these say
+    checkpointing: str = 'none'  # 'none' | 'full' (recompute whole blocks) | 'cola_m' (CoLA-M)
     fused_cola: bool = True  # up-projections through kernels.silu_matmul (Triton on CUDA); False: eager PyTorch
 
     def __post_init__(self):
-        if self.checkpointing not in ('none', 'full', 'cola_m'):
-            raise ValueError(f"checkpointing={self.checkpointing!r}: expected 'none', 'full' or 'cola_m'")
-        if self.checkpointing == 'cola_m' and self.rank <= 0:
-            raise ValueError("checkpointing='cola_m' needs CoLA layers: set rank > 0 (got rank=0, a full-rank model)")
+        for name in ('vocab_size', 'block_size', 'n_layer', 'n_head', 'n_embd', 'intermediate_size'):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected a positive integer")
         if self.n_embd % self.n_head != 0 or (self.n_embd // self.n_head) % 2 != 0:
             raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads of even size")
+        # CoLA-M tells a down-projection z = x @ A by its width r alone (see keep_z), so r must be
+        # narrower than every other matmul output of a block; a bottleneck is anyway.
+        if not 0 <= self.rank < min(self.n_embd, self.intermediate_size):
+            raise ValueError(f"rank={self.rank}: expected 0 (full-rank) or a bottleneck narrower than "
+                             f"n_embd={self.n_embd} and intermediate_size={self.intermediate_size}")
+        if not (self.norm_eps > 0 and self.rope_theta > 0):
+            raise ValueError(f"norm_eps={self.norm_eps}, rope_theta={self.rope_theta}: expected positive numbers")
+        if self.checkpointing not in ('none', 'full', 'cola_m'):
+            raise ValueError(f"checkpointing={self.checkpointing!r}: expected 'none', 'full' or 'cola_m'")
+        if self.checkpointing == 'cola_m' and self.rank == 0:
+            raise ValueError("checkpointing='cola_m' needs CoLA layers: set rank > 0 (got rank=0, a full-rank model)")
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -85,8 +96,8 @@ class RMSNorm(nn.Module):
 class CoLALinear(nn.Module):
     """The CoLA layer, a low-rank auto-encoder in place of a d_in x d_out linear layer:
 
-        z = x @ A        (..., r)      down(): the only activation CoLA-M keeps
-        y = silu(z) @ B  (..., d_out)  up(): recomputed by CoLA-M in backward (but o's and down's)
+        z = x @ A        (..., r)      down(): the activation CoLA-M keeps for backward
+        y = silu(z) @ B  (..., d_out)  up(): rebuilt from z in backward
 
     Init as in the official code: A, B ~ N(0, 1) * r^(-1/4) * (d_in + d_out)^(-1/4), so that the
     product keeps the variance of a (d_in + d_out)^(-1/2)-scaled full-rank layer.
@@ -106,8 +117,8 @@ class CoLALinear(nn.Module):
         return x @ self.A
 
     def up(self, z):
-        # The call site of the fused kernel: Triton on CUDA, SiLU fused into the matmul; it keeps
-        # only z for backward where eager PyTorch keeps z and silu(z).
+        # The fused op (Triton on CUDA) applies SiLU inside the matmul and keeps only z for
+        # backward, where eager PyTorch keeps z and silu(z).
         if self.fused:
             return kernels.silu_matmul(z, self.B)
         return F.silu(z) @ self.B
@@ -127,10 +138,11 @@ class Attention(nn.Module):
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (projection(d, d, config) for _ in range(4))
 
     def forward(self, x, cos, sin, kv_cache=None):
-        return self.o_proj(self.mix(x, cos, sin, kv_cache))
+        return self.o_proj(self.attend(x, cos, sin, kv_cache))
 
-    def mix(self, x, cos, sin, kv_cache=None):
-        """Causal multi-head attention with RoPE, before the output projection: (B, T, d) -> (B, T, d)."""
+    def attend(self, x, cos, sin, kv_cache=None):
+        """Causal multi-head attention with RoPE, up to o_proj's input (separate so that CoLA-M
+        can cut the branch inside o_proj): (B, T, d) -> (B, T, d)."""
         B, T, C = x.shape
         q, k, v = (p(x).view(B, T, self.n_head, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (B, H, T, hd)
@@ -152,10 +164,28 @@ class MLP(nn.Module):
         self.gate_act = nn.Identity() if config.only_lr_act else nn.SiLU()
 
     def forward(self, x):
-        return self.down_proj(self.hidden(x))
+        return self.down_proj(self.gated(x))
 
-    def hidden(self, x):  # (B, T, d) -> (B, T, f)
+    def gated(self, x):
+        """The gated hidden layer, down_proj's input (separate so that CoLA-M can cut the branch
+        inside down_proj): (B, T, d) -> (B, T, f)."""
         return self.gate_act(self.gate_proj(x)) * self.up_proj(x)
+
+
+# ----------------------------------------------------------------------------- CoLA-M and the block
+
+def keep_z(rank, ctx, op, *args, **kwargs):
+    """CoLA-M's rule: save the down-projections z = x @ A (the only matmuls of a block whose output
+    is r wide, as ModelConfig ensures), recompute everything else."""
+    if op is torch.ops.aten.mm.default and args[1].shape[-1] == rank:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def cola_m_checkpoint(fn, rank, x):
+    """fn(x), keeping for backward only x and the z of the CoLA layers inside fn."""
+    context_fn = partial(create_selective_checkpoint_contexts, partial(keep_z, rank))
+    return checkpoint(fn, x, use_reentrant=False, preserve_rng_state=False, context_fn=context_fn)
 
 
 class Block(nn.Module):
@@ -169,9 +199,10 @@ class Block(nn.Module):
 
     def forward(self, x, cos, sin, kv_cache=None):
         mode = self.checkpointing if torch.is_grad_enabled() else 'none'
-        # No dropout: nothing random to replay, so the checkpoints need not keep RNG states.
-        if mode == 'full':  # keep only the block's input x; recompute the whole block in backward
-            return checkpoint(self.plain_forward, x, cos, sin, use_reentrant=False, preserve_rng_state=False)
+        # No dropout: nothing random to replay, so the checkpoints keep no RNG state.
+        if mode == 'full':  # vanilla gradient checkpointing: keep x, recompute the whole block in backward
+            return checkpoint(self.plain_forward, x, cos, sin, use_reentrant=False, preserve_rng_state=False,
+                              early_stop=False)
         if mode == 'cola_m':
             return self.cola_m_forward(x, cos, sin)
         return self.plain_forward(x, cos, sin, kv_cache)
@@ -181,39 +212,15 @@ class Block(nn.Module):
         return h + self.mlp(self.mlp_norm(h))
 
     def cola_m_forward(self, x, cos, sin):
-        """The same block, for CoLA-M. Each residual branch is checkpointed from the residual stream
-        (x, then h) to its last down-projection z (o_proj's, down_proj's); the up-projection that
-        closes the branch runs outside, so it is never recomputed. Kept per token: x, h (2d) and the
-        seven z (7r)."""
+        """CoLA-M: the same block, keeping per token only the residual stream x and h (2d values)
+        and the seven r-wide z (7r). Each residual branch is checkpointed from the stream up to the
+        z of its last layer (o_proj, down_proj); that layer's up-projection runs outside the
+        checkpoint, so backward rebuilds q, k, v, gate and up from their z, never a down-projection."""
         o_proj, down_proj = self.attn.o_proj, self.mlp.down_proj
-        z_o = cola_m_checkpoint(lambda x: o_proj.down(self.attn.mix(self.attn_norm(x), cos, sin)), self.rank, x)
+        z_o = cola_m_checkpoint(lambda x: o_proj.down(self.attn.attend(self.attn_norm(x), cos, sin)), self.rank, x)
         h = x + o_proj.up(z_o)
-        z_down = cola_m_checkpoint(lambda h: down_proj.down(self.mlp.hidden(self.mlp_norm(h))), self.rank, h)
+        z_down = cola_m_checkpoint(lambda h: down_proj.down(self.mlp.gated(self.mlp_norm(h))), self.rank, h)
         return h + down_proj.up(z_down)
-
-
-# ----------------------------------------------------------------------------- CoLA-M
-
-def _keep_down_projections(rank, ctx, op, *args, **kwargs):
-    # The only matmuls in a CoLA block whose result is r wide are the down-projections z = x @ A.
-    if op is torch.ops.aten.mm.default and args[1].shape[-1] == rank:
-        return CheckpointPolicy.MUST_SAVE
-    return CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def cola_m_checkpoint(fn, rank, x):
-    """CoLA-M's checkpoint: run fn(x) keeping for backward only x and the r-wide z = x @ A of the
-    CoLA layers inside; backward recomputes the rest from them (norms, the up-projections
-    silu(z) @ B, RoPE, attention, elementwise ops), never a down-projection.
-
-    Why 2d + 7r values per token and layer (x and h, the official layout) rather than d + 7r:
-    without h, backward would also rebuild o_proj's up-projection to get h back; at the 1b shapes
-    that is 27% instead of 24% of the FLOPs the full-rank model recomputes under 'full' (where
-    non-reentrant checkpointing stops before the block's last matmul, whose output only feeds the
-    residual add).
-    """
-    context_fn = partial(create_selective_checkpoint_contexts, partial(_keep_down_projections, rank))
-    return checkpoint(fn, x, use_reentrant=False, preserve_rng_state=False, context_fn=context_fn)
 
 
 # ----------------------------------------------------------------------------- the model
@@ -292,12 +299,8 @@ class Transformer(nn.Module):
         layer = 2 * (4 * weights(d, d) + 2 * weights(d, f) + weights(f, d)) + attention
         forward = L * layer + 2 * d * c.vocab_size
         recompute = 0
-        if c.checkpointing == 'full':
-            # The whole block, but for its last matmul when early stop skips it: non-reentrant
-            # checkpointing stops once the last tensor backward needs is rebuilt, and an aten matmul
-            # saves its inputs before it runs. The fused CoLA op saves them after, so it always runs.
-            last = 0 if r > 0 and self.blocks[0].mlp.down_proj.fused else 2 * (r or f) * d
-            recompute = L * (layer - last)
+        if c.checkpointing == 'full':  # the whole block again
+            recompute = L * layer
         elif c.checkpointing == 'cola_m':  # the up-projections of q, k, v, gate, up, and attention
             recompute = L * (2 * r * (3 * d + 2 * f) + attention)
         return 3 * forward + recompute
@@ -318,11 +321,11 @@ class Transformer(nn.Module):
         cost one position's forward: prefill the prompt, then feed one token at a time. When the
         context fills block_size, the oldest half is dropped and the cache refilled from the rest,
         so each token sees at least block_size / 2 tokens of context."""
-        caches, new = None, idx[:, -self.config.block_size:]
+        block_size, caches = self.config.block_size, None
         for _ in range(max_new_tokens):
-            if caches is None or caches[0].length == self.config.block_size:
-                caches = [KVCache(self.config.block_size) for _ in self.blocks]
-                new = idx[:, -(self.config.block_size // 2):] if idx.size(1) >= self.config.block_size else idx
+            if caches is None or caches[0].length == block_size:  # start, or restart from the last half
+                caches = [KVCache(block_size) for _ in self.blocks]
+                new = idx if idx.size(1) < block_size else idx[:, -(block_size // 2):]
             logits, _ = self(new, kv_caches=caches)
             logits = logits[:, -1, :].float()  # (B, vocab_size)
             if temperature == 0:
@@ -337,20 +340,14 @@ class Transformer(nn.Module):
         return idx
 
 
-def config_table(configs):
-    """Markdown rows: name, shapes and parameter counts of each config file (read without training)."""
-    rows = ['| config | d | f | heads | layers | rank | checkpointing | params (M) | non-emb (M) |', '|' + '---|' * 9]
-    for path in configs:
-        fields = {k: v for k, v in read_config_file(path).items() if k in ModelConfig.__dataclass_fields__}
-        with torch.device('meta'):
-            model = Transformer(ModelConfig(**fields))
-        c = model.config
-        rows.append(f'| {path} | {c.n_embd} | {c.intermediate_size} | {c.n_head} | {c.n_layer} | {c.rank} | '
-                    f'{c.checkpointing} | {model.num_params(False) / 1e6:.1f} | {model.num_params() / 1e6:.1f} |')
-    return '\n'.join(rows)
-
-
-if __name__ == '__main__':
-    import glob
-    import sys
-    print(config_table(sys.argv[1:] or sorted(glob.glob('config/*.py'))))
+def load_checkpoint(path):
+    """A checkpoint of train.py as a dict, or a one-line exit saying what is wrong with it."""
+    try:
+        checkpoint = torch.load(path, map_location='cpu', weights_only=False)
+    except Exception as e:
+        best = os.path.join(os.path.dirname(path), 'best.pt')
+        raise SystemExit(f"{path} is truncated or corrupt ({type(e).__name__})"
+                         + (f"; {best} holds the best state so far" if os.path.exists(best) and best != path else '')) from None
+    if not isinstance(checkpoint, dict) or not {'model', 'model_config', 'config', 'encoding'} <= checkpoint.keys():
+        raise SystemExit(f"{path} is not a checkpoint of train.py")
+    return checkpoint

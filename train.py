@@ -3,18 +3,20 @@ Train a LLaMA, CoLA or CoLA-M model on token shards from prepare.py.
 
     python train.py config/cpu_tiny.py                                        # a laptop CPU
     torchrun --standalone --nproc_per_node=8 train.py config/cola_130m.py     # one GPU node
-    python train.py config/cola_60m.py --batch_size=32 --compile=False        # overrides
+    python train.py config/cola_60m.py --batch_size=32 --compile_model=False  # overrides
 
 One flat script, in nanoGPT's order: config, distributed setup, data, model, optimizer, loop.
 Tokens per step = batch_size x block_size x gradient_accumulation_steps x world size.
 """
 
+import fcntl
 import json
 import math
 import os
 import sys
 import time
 from contextlib import nullcontext
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -24,8 +26,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import configure, public_settings
-from model import ModelConfig, Transformer
-from prepare import load_meta, read_shard
+from model import ModelConfig, Transformer, load_checkpoint
+from prepare import load_meta, read_shard, write_durably
 
 # ----------------------------------------------------------------------------- config
 # I/O
@@ -42,18 +44,19 @@ wandb_project = 'nanocola'
 wandb_run_name = 'run'
 # data
 batch_size = 64  # sequences per micro-step on each process
-block_size = 256
 gradient_accumulation_steps = 1  # micro-steps per optimizer step on each process
-# model (ModelConfig's fields; vocab_size None: the data's vocabulary, padded to a multiple of 64)
+# model: ModelConfig's fields, with its defaults (CoLA-60M); vocab_size None: the data's, padded to a multiple of 64
 vocab_size = None
+block_size = 256
 n_layer = 8
 n_head = 8
 n_embd = 512
 intermediate_size = 1376
 rank = 128
 only_lr_act = False
-checkpointing = 'none'
 norm_eps = 1e-6
+rope_theta = 10000.0
+checkpointing = 'none'
 fused_cola = True
 # optimizer: AdamW, linear warmup then cosine decay to min_lr
 learning_rate = 6e-3
@@ -68,20 +71,32 @@ grad_clip = 0.5
 # system
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # 'float32' or 'bfloat16'
-compile = torch.cuda.is_available()
+compile_model = torch.cuda.is_available()
 parallel = 'ddp'  # 'ddp' (full replica per GPU) or 'fsdp' (FSDP2: parameters, grads, AdamW states sharded)
+dist_timeout_s = 600  # a process that waits longer than this for the others stops the run
 seed = 1337
+PEAK_FLOPS = {'A100': 312e12, 'H100': 989e12, 'H200': 989e12}  # dense bf16 per GPU, for MFU
 
 config = configure(public_settings(globals()), sys.argv[1:])
 globals().update(config)
-if dtype not in ('float32', 'bfloat16') or parallel not in ('ddp', 'fsdp') or init_from not in ('scratch', 'resume'):
-    raise SystemExit(f"dtype={dtype!r}, parallel={parallel!r}, init_from={init_from!r}: expected dtype 'float32' or "
-                     f"'bfloat16', parallel 'ddp' or 'fsdp', init_from 'scratch' or 'resume'")
+for name in ('batch_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_tokens', 'log_interval', 'dist_timeout_s'):
+    if config[name] < 1:
+        raise SystemExit(f"{name}={config[name]}: expected a positive number")
+for name in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'min_lr', 'weight_decay', 'grad_clip'):
+    if config[name] < 0:
+        raise SystemExit(f"{name}={config[name]}: expected 0 or more")
+for name, allowed in [('dtype', ('float32', 'bfloat16')), ('parallel', ('ddp', 'fsdp')), ('init_from', ('scratch', 'resume'))]:
+    if config[name] not in allowed:
+        raise SystemExit(f"{name}={config[name]!r}: expected one of {allowed}")
+if not learning_rate > 0:
+    raise SystemExit(f"learning_rate={learning_rate}: expected a positive number")
+if device.split(':')[0] not in ('cpu', 'cuda') or (device.startswith('cuda') and not torch.cuda.is_available()):
+    raise SystemExit(f"device={device!r}: expected 'cpu', or 'cuda' / 'cuda:N' on a machine with a CUDA GPU")
 
 # ----------------------------------------------------------------------------- distributed setup
 distributed = 'RANK' in os.environ  # launched by torchrun
 if distributed:
-    dist.init_process_group('nccl' if device.startswith('cuda') else 'gloo')
+    dist.init_process_group('nccl' if device.startswith('cuda') else 'gloo', timeout=timedelta(seconds=dist_timeout_s))
     rank_id, world_size, local_rank = dist.get_rank(), dist.get_world_size(), int(os.environ['LOCAL_RANK'])
     if device.startswith('cuda'):
         device = f'cuda:{local_rank}'
@@ -94,7 +109,8 @@ master = rank_id == 0
 device_type = 'cuda' if device.startswith('cuda') else 'cpu'
 torch.manual_seed(seed)
 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-tokens_per_step = batch_size * block_size * gradient_accumulation_steps * world_size
+sequences_per_step = batch_size * gradient_accumulation_steps * world_size
+tokens_per_step = sequences_per_step * block_size
 
 
 def log(*args):
@@ -108,9 +124,22 @@ class TokenStream:
     inputs and the targets shifted by one); past the end, the stream starts over."""
 
     def __init__(self, split):
-        names = meta['splits'][split]['shards']
-        self.shards = [read_shard(os.path.join(data_dir, name)) for name in names]
+        self.shards = []
+        for name in meta['splits'][split]['shards']:
+            path = os.path.join(data_dir, name)
+            try:
+                tokens = read_shard(path)
+            except (OSError, ValueError) as e:
+                raise SystemExit(f"{path}: {e.strerror}" if isinstance(e, OSError) else str(e)) from None
+            largest = int(tokens.max()) if len(tokens) else 0  # once per shard, vectorised
+            if largest >= meta['vocab_size']:
+                raise SystemExit(f"{path}: token id {largest} is outside the {meta['encoding']} vocabulary "
+                                 f"of {meta['vocab_size']} tokens that {data_dir}/meta.json records")
+            self.shards.append(tokens)
         self.starts = np.cumsum([0] + [len(s) for s in self.shards])
+        if self.starts[-1] < block_size + 1:
+            raise SystemExit(f"block_size={block_size} is longer than the {split} split of {data_dir}/ "
+                             f"({self.starts[-1]:,} tokens)")
 
     def tokens(self, start, n):
         out = []
@@ -123,7 +152,7 @@ class TokenStream:
         return np.concatenate(out)
 
     def batch(self, first_sequence, n_sequences):
-        """Inputs and targets (n_sequences, T) of consecutive sequences, on device."""
+        """Inputs and targets (n_sequences, T) of consecutive sequences, on device (asynchronously on CUDA)."""
         window = torch.from_numpy(self.tokens(first_sequence * block_size, n_sequences * block_size + 1).astype(np.int64))
         x, y = window[:-1].view(n_sequences, block_size), window[1:].view(n_sequences, block_size)
         if device_type == 'cuda':
@@ -133,30 +162,44 @@ class TokenStream:
 
 if not os.path.exists(os.path.join(data_dir, 'meta.json')):
     raise SystemExit(f"no token shards in {data_dir}/: run `python prepare.py --out_dir={data_dir}` (C4) or "
-                     f"`python prepare.py --input='your/*.txt' --out_dir={data_dir}` first")
+                     f"`python prepare.py --input_files='your/*.txt' --out_dir={data_dir}` first")
 meta = load_meta(data_dir)
-if not meta['splits'].get('train', {}).get('done') or not meta['splits'].get('val', {}).get('done'):
+if not {'train', 'val'} <= meta['splits'].keys():
     raise SystemExit(f"{data_dir}/ is not finished: rerun the prepare.py command that made it (it resumes)")
 train_data, val_data = TokenStream('train'), TokenStream('val')
+# The validation budget: whole batches on every process, never more than the val split holds.
+eval_batches = min(max(1, eval_tokens // (batch_size * block_size * world_size)),
+                   (val_data.starts[-1] - 1) // (batch_size * block_size * world_size))
+if eval_batches == 0:
+    raise SystemExit(f"the val split of {data_dir}/ ({val_data.starts[-1]:,} tokens) is smaller than one evaluation "
+                     f"batch of {batch_size} x {block_size} tokens x {world_size} processes: lower batch_size")
+if eval_tokens > val_data.starts[-1] - 1:
+    log(f"eval_tokens={eval_tokens:,} is more than the val split holds: evaluating on its first "
+        f"{eval_batches * batch_size * block_size * world_size:,} tokens")
 
 # ----------------------------------------------------------------------------- model
 checkpoint_path = os.path.join(out_dir, 'ckpt.pt')
-model_fields = {k: config[k] for k in ModelConfig.__dataclass_fields__ if k in config}
-model_fields['vocab_size'] = vocab_size or -(-meta['vocab_size'] // 64) * 64
+model_fields = {k: config[k] for k in ModelConfig.__dataclass_fields__}
+model_fields['vocab_size'] = vocab_size or math.ceil(meta['vocab_size'] / 64) * 64
 checkpoint = None
 if init_from == 'resume':
     if not os.path.exists(checkpoint_path):
         raise SystemExit(f"init_from='resume' but there is no checkpoint {checkpoint_path}")
-    checkpoint = torch.load(checkpoint_path, map_location='cpu', weights_only=False)
+    checkpoint = load_checkpoint(checkpoint_path)
     if checkpoint['encoding'] != meta['encoding']:
         raise SystemExit(f"{checkpoint_path} was trained on encoding={checkpoint['encoding']!r} data, "
                          f"but {data_dir}/ holds {meta['encoding']!r} tokens")
-    # The shapes come from the checkpoint; how to checkpoint activations is this run's choice.
-    model_fields.update({k: v for k, v in checkpoint['model_config'].items() if k not in ('checkpointing', 'fused_cola')})
+    for key, value in checkpoint['model_config'].items():  # how to run it may change, what it is may not
+        if key not in ('checkpointing', 'fused_cola') and model_fields[key] != value:
+            raise SystemExit(f"{key}={model_fields[key]!r} differs from the checkpoint's {key}={value!r}: "
+                             f"resume with the checkpoint's settings, or train into another out_dir")
 if meta['vocab_size'] > model_fields['vocab_size']:
     raise SystemExit(f"vocab_size={model_fields['vocab_size']} is smaller than the vocabulary of {data_dir}/ "
                      f"({meta['encoding']}, {meta['vocab_size']} tokens)")
-model_config = ModelConfig(**model_fields)
+try:
+    model_config = ModelConfig(**model_fields)
+except ValueError as e:
+    raise SystemExit(str(e)) from None
 with torch.device(device):  # built where it runs (a 7b model would not fit in 8 copies in host memory)
     model = raw_model = Transformer(model_config)
 log(f"{raw_model.num_params() / 1e6:.2f}M non-embedding parameters ({raw_model.num_params(False) / 1e6:.2f}M in all), "
@@ -174,18 +217,19 @@ elif dtype == 'bfloat16':  # fp32 master weights, bf16 matmuls
 
 # ----------------------------------------------------------------------------- optimizer
 optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
-iter_num, best_val_loss, data_position = 0, float('inf'), 0  # data_position: the next train sequence
+iter_num, best_val_loss, data_position, flops_spent = 0, float('inf'), 0, 0  # data_position: the next train sequence
 if checkpoint is not None:
     full = StateDictOptions(full_state_dict=True)
     set_model_state_dict(raw_model, checkpoint['model'], options=full)
     set_optimizer_state_dict(raw_model, optimizer, checkpoint['optimizer'], options=full)
     iter_num, best_val_loss, data_position = checkpoint['iter_num'], checkpoint['best_val_loss'], checkpoint['data_position']
+    flops_spent = checkpoint['flops_spent']
     torch.set_rng_state(checkpoint['rng']['cpu'])
     if device_type == 'cuda' and checkpoint['rng']['cuda'] is not None:
         torch.cuda.set_rng_state(checkpoint['rng']['cuda'])
     log(f"resumed from {checkpoint_path} at iter {iter_num}")
     checkpoint = None  # free the memory
-if compile:
+if compile_model:
     model = torch.compile(model)
 if distributed and parallel == 'ddp':
     model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
@@ -201,14 +245,27 @@ def get_lr(it):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (learning_rate - min_lr)
 
 
+def gradient_sync(last_micro_step):
+    """Reduce gradients across processes on the last micro-step only, to send them once per step:
+    DDP through a context around the forward pass, FSDP2 through a switch."""
+    if parallel == 'fsdp':
+        raw_model.set_requires_gradient_sync(last_micro_step)
+        return nullcontext()
+    return model.no_sync() if distributed and not last_micro_step else nullcontext()
+
+
+def train_batch(step_position, micro_step):
+    """This process's micro-batch: each process reads a contiguous slice of the global batch."""
+    return train_data.batch(step_position + (rank_id * gradient_accumulation_steps + micro_step) * batch_size, batch_size)
+
+
 @torch.no_grad()
 def evaluate():
-    """The exact mean loss per token over the fixed validation budget: the first eval_tokens tokens of
-    the val split (rounded down to whole batches on every process), split between the processes."""
+    """The exact mean loss per token over the fixed validation budget (eval_batches batches on
+    every process, from the start of the val split)."""
     model.eval()
-    batches = max(1, eval_tokens // (batch_size * block_size * world_size))
     total = torch.zeros(2, device=device, dtype=torch.float64)  # loss sum, token count
-    for b in range(batches):
+    for b in range(eval_batches):
         x, y = val_data.batch((b * world_size + rank_id) * batch_size, batch_size)
         with autocast:
             _, loss = model(x, y)
@@ -220,19 +277,18 @@ def evaluate():
 
 
 def save_checkpoint(path):
-    """Model, optimizer, step, RNG states and config, written atomically (temporary file, then rename)."""
+    """Model, optimizer, step, data position, RNG states and config, written atomically and durably."""
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     state = {
         'model': get_model_state_dict(raw_model, options=full),
         'optimizer': get_optimizer_state_dict(raw_model, optimizer, options=full),
         'model_config': vars(model_config), 'config': config, 'encoding': meta['encoding'],
-        'iter_num': iter_num, 'data_position': data_position,
+        'iter_num': iter_num, 'data_position': data_position, 'flops_spent': flops_spent,
         'best_val_loss': best_val_loss,
         'rng': {'cpu': torch.get_rng_state(), 'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None},
     }
     if master:
-        torch.save(state, path + '.tmp')
-        os.replace(path + '.tmp', path)
+        write_durably(path, lambda f: torch.save(state, f))
 
 
 def stop_if_not_finite(value, what):
@@ -244,14 +300,26 @@ def stop_if_not_finite(value, what):
 # ----------------------------------------------------------------------------- training loop
 if master:
     os.makedirs(out_dir, exist_ok=True)
+    # One run at a time in out_dir: the lock is the kernel's, released when this process ends, however it ends.
+    lock_file = open(os.path.join(out_dir, 'train.lock'), 'a+')
+    try:
+        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock_file.seek(0)
+        raise SystemExit(f"{out_dir}/ is in use by another training run (pid {lock_file.read().strip() or '?'}): "
+                         f"wait for it or stop it, or use another out_dir") from None
+    lock_file.truncate(0)
+    lock_file.write(str(os.getpid()))
+    lock_file.flush()
     log_file = open(os.path.join(out_dir, 'log.jsonl'), 'a')
     log_file.write(json.dumps({'config': config, 'model_config': vars(model_config), 'tokens_per_step': tokens_per_step,
                                'flops_per_token': raw_model.flops_per_token(block_size),
                                'model_params': raw_model.num_params(False)}) + '\n')
+    if iter_num > 0:  # readers keep the records of the redone steps, not those of the run that stopped
+        log_file.write(json.dumps({'resumed_at': iter_num}) + '\n')
     if wandb_log:
         import wandb
         wandb.init(project=wandb_project, name=wandb_run_name, config=config)
-PEAK_FLOPS = {'A100': 312e12, 'H100': 989e12, 'H200': 989e12}  # dense bf16 per GPU
 gpu_name = torch.cuda.get_device_name(device) if device_type == 'cuda' else ''
 peak_flops = next((v for k, v in PEAK_FLOPS.items() if k in gpu_name), None)
 flops_per_step = raw_model.flops_per_token(block_size) * tokens_per_step
@@ -260,7 +328,7 @@ flops_per_step = raw_model.flops_per_token(block_size) * tokens_per_step
 def record(entry):
     """A line of out_dir/log.jsonl (and wandb), with the training tokens and FLOPs so far and the
     seconds since this process started."""
-    entry.update(tokens=iter_num * tokens_per_step, flops=iter_num * flops_per_step, elapsed_s=time.time() - process_start)
+    entry.update(tokens=iter_num * tokens_per_step, flops=flops_spent, elapsed_s=time.time() - process_start)
     if master:
         log_file.write(json.dumps(entry) + '\n')
         log_file.flush()
@@ -270,11 +338,14 @@ def record(entry):
 
 start_iter = timed_from = iter_num  # timed_from: the step where the current timing started
 process_start = t0 = time.time()
+x, y = train_batch(data_position, 0)  # the first micro-batch; each next one loads while the current one computes
 while True:
+    # 1. the learning rate of this step
     lr = get_lr(iter_num)
     for group in optimizer.param_groups:
         group['lr'] = lr
 
+    # 2. evaluate and checkpoint, every eval_interval steps and at the end
     if iter_num % eval_interval == 0 or iter_num >= max_iters:
         val_loss = evaluate()
         stop_if_not_finite(val_loss, 'the validation loss')
@@ -291,25 +362,26 @@ while True:
     if iter_num >= max_iters:
         break
 
-    # one optimizer step: this process's contiguous slice of the global batch, in micro-steps
-    first = data_position + rank_id * batch_size * gradient_accumulation_steps
+    # 3. forward and backward over the micro-steps, gradients summed
     step_loss = torch.zeros((), device=device)
-    for micro in range(gradient_accumulation_steps):
-        x, y = train_data.batch(first + micro * batch_size, batch_size)
-        last = micro == gradient_accumulation_steps - 1
-        sync = nullcontext() if last or not distributed or parallel == 'fsdp' else model.no_sync()
-        if parallel == 'fsdp':
-            raw_model.set_requires_gradient_sync(last)  # reduce-scatter gradients only on the last micro-step
-        with sync, autocast:
+    for micro_step in range(gradient_accumulation_steps):
+        last = micro_step == gradient_accumulation_steps - 1
+        with gradient_sync(last), autocast:
             _, loss = model(x, y)
+        # prefetch the next micro-batch (after the last, the next step's first) while the GPU computes
+        x, y = train_batch(data_position + last * sequences_per_step, (micro_step + 1) % gradient_accumulation_steps)
         (loss / gradient_accumulation_steps).backward()
         step_loss += loss.detach() / gradient_accumulation_steps
+
+    # 4. clip, step, advance
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     iter_num += 1
-    data_position += tokens_per_step // block_size
+    data_position += sequences_per_step
+    flops_spent += flops_per_step
 
+    # 5. log
     if iter_num % log_interval == 0 or iter_num == max_iters:
         if distributed:
             dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)
@@ -321,9 +393,11 @@ while True:
         t0, timed_from = time.time(), iter_num
         mfu = flops_per_step / dt / (peak_flops * world_size) if peak_flops else None
         memory = torch.cuda.max_memory_allocated(device) / 2**30 if device_type == 'cuda' else None
-        log(f"iter {iter_num}: loss {loss_value:.4f}, lr {lr:.2e}, grad norm {grad_norm.item():.3f}, "
+        eta = dt * (max_iters - iter_num)
+        log(f"iter {iter_num}/{max_iters}: loss {loss_value:.4f}, lr {lr:.2e}, grad norm {grad_norm.item():.3f}, "
             f"{dt * 1000:.0f} ms/iter, {tokens_per_step / dt:,.0f} tokens/s"
-            + (f", MFU {mfu:.1%}" if mfu else '') + (f", peak memory {memory:.1f} GiB" if memory else ''))
+            + (f", MFU {mfu:.1%}" if mfu else '') + (f", peak memory {memory:.1f} GiB" if memory else '')
+            + f", eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m")
         record({'iter': iter_num, 'loss': loss_value, 'lr': lr, 'grad_norm': grad_norm.item(), 'ms_per_iter': dt * 1000,
                 'tokens_per_s': tokens_per_step / dt, 'mfu': mfu, 'peak_memory_gib': memory})
 

@@ -1,28 +1,9 @@
-# 130M CoLA, the official CoLA recipe.
-# torchrun --standalone --nproc_per_node=8 train.py config/cola_130m.py
-# tokens per step: 8 GPUs x 64 sequences x 1 micro-step x 256 tokens = 131,072 (512 sequences)
-# training tokens: 20,000 steps x 131,072 = 2.62B
-out_dir = 'out-cola-130m'
-data_dir = 'data/c4'
-wandb_run_name = 'cola-130m'
-
-n_layer = 12
-n_head = 12
-n_embd = 768
-intermediate_size = 2048
-block_size = 256
+# CoLA-130M, the official CoLA recipe: the deltas from train.py's defaults (CoLA-60M's recipe).
+# torchrun --standalone --nproc_per_node=8 train.py config/cola_130m.py    (CoLA-M: add --checkpointing=cola_m)
+# tokens per step: 8 GPUs x 64 sequences x 1 micro-step x 256 tokens = 131,072; 20,000 steps = 2.62B tokens
+out_dir, wandb_run_name = 'out-cola-130m', 'cola-130m'
+n_layer, n_head, n_embd, intermediate_size = 12, 12, 768, 2048
 rank = 256
-only_lr_act = False
-checkpointing = 'none'
-
-batch_size = 64
-gradient_accumulation_steps = 1
-learning_rate = 0.003  # CoLA's peak; cosine to 0.1x
-min_lr = 0.0003
-max_iters = 20000
-lr_decay_iters = 20000
-warmup_iters = 2000
-weight_decay = 0.01
-grad_clip = 0.5
-dtype = 'bfloat16'
-parallel = 'ddp'
+learning_rate, min_lr = 0.003, 0.0003
+max_iters = lr_decay_iters = 20_000
+warmup_iters = 2_000

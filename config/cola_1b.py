@@ -1,28 +1,12 @@
-# 1B CoLA, the official CoLA recipe.
-# torchrun --standalone --nproc_per_node=8 train.py config/cola_1b.py
-# tokens per step: 8 GPUs x 16 sequences x 4 micro-steps x 256 tokens = 131,072 (512 sequences)
-# training tokens: 100,000 steps x 131,072 = 13.11B
-out_dir = 'out-cola-1b'
-data_dir = 'data/c4'
-wandb_run_name = 'cola-1b'
-
-n_layer = 24
-n_head = 32
-n_embd = 2048
-intermediate_size = 5461
-block_size = 256
+# CoLA-1B, the official CoLA recipe: the deltas from train.py's defaults (CoLA-60M's recipe).
+# torchrun --standalone --nproc_per_node=8 train.py config/cola_1b.py    (CoLA-M: add --checkpointing=cola_m)
+# tokens per step: 8 GPUs x 16 sequences x 4 micro-steps x 256 tokens = 131,072; 100,000 steps = 13.11B tokens
+out_dir, wandb_run_name = 'out-cola-1b', 'cola-1b'
+n_layer, n_head, n_embd, intermediate_size = 24, 32, 2048, 5461
 rank = 512
-only_lr_act = True
-checkpointing = 'none'
-
-batch_size = 16
-gradient_accumulation_steps = 4
-learning_rate = 0.002  # CoLA's peak; cosine to 0.1x
-min_lr = 0.0002
-max_iters = 100000
-lr_decay_iters = 100000
-warmup_iters = 10000
-weight_decay = 0.01
-grad_clip = 0.5
-dtype = 'bfloat16'
+only_lr_act = True  # CoLA's own SiLU replaces SwiGLU's from 350m on
+batch_size, gradient_accumulation_steps = 16, 4
+learning_rate, min_lr = 0.002, 0.0002
+max_iters = lr_decay_iters = 100_000
+warmup_iters = 10_000
 parallel = 'fsdp'  # DDP's full replica with AdamW states does not fit a 40-80 GB GPU

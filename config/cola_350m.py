@@ -1,28 +1,11 @@
-# 350M CoLA, the official CoLA recipe.
-# torchrun --standalone --nproc_per_node=8 train.py config/cola_350m.py
-# tokens per step: 8 GPUs x 32 sequences x 2 micro-steps x 256 tokens = 131,072 (512 sequences)
-# training tokens: 60,000 steps x 131,072 = 7.86B
-out_dir = 'out-cola-350m'
-data_dir = 'data/c4'
-wandb_run_name = 'cola-350m'
-
-n_layer = 24
-n_head = 16
-n_embd = 1024
-intermediate_size = 2736
-block_size = 256
+# CoLA-350M, the official CoLA recipe: the deltas from train.py's defaults (CoLA-60M's recipe).
+# torchrun --standalone --nproc_per_node=8 train.py config/cola_350m.py    (CoLA-M: add --checkpointing=cola_m)
+# tokens per step: 8 GPUs x 32 sequences x 2 micro-steps x 256 tokens = 131,072; 60,000 steps = 7.86B tokens
+out_dir, wandb_run_name = 'out-cola-350m', 'cola-350m'
+n_layer, n_head, n_embd, intermediate_size = 24, 16, 1024, 2736
 rank = 256
-only_lr_act = True
-checkpointing = 'none'
-
-batch_size = 32
-gradient_accumulation_steps = 2
-learning_rate = 0.003  # CoLA's peak; cosine to 0.1x
-min_lr = 0.0003
-max_iters = 60000
-lr_decay_iters = 60000
-warmup_iters = 6000
-weight_decay = 0.01
-grad_clip = 0.5
-dtype = 'bfloat16'
-parallel = 'ddp'
+only_lr_act = True  # CoLA's own SiLU replaces SwiGLU's from 350m on
+batch_size, gradient_accumulation_steps = 32, 2
+learning_rate, min_lr = 0.003, 0.0003
+max_iters = lr_decay_iters = 60_000
+warmup_iters = 6_000

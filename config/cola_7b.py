@@ -1,28 +1,12 @@
-# 7B CoLA, the official CoLA recipe.
-# torchrun --standalone --nproc_per_node=8 train.py config/cola_7b.py
-# tokens per step: 8 GPUs x 8 sequences x 8 micro-steps x 256 tokens = 131,072 (512 sequences)
-# training tokens: 150,000 steps x 131,072 = 19.66B
-out_dir = 'out-cola-7b'
-data_dir = 'data/c4'
-wandb_run_name = 'cola-7b'
-
-n_layer = 32
-n_head = 32
-n_embd = 4096
-intermediate_size = 11008
-block_size = 256
+# CoLA-7B, the official CoLA recipe: the deltas from train.py's defaults (CoLA-60M's recipe).
+# torchrun --standalone --nproc_per_node=8 train.py config/cola_7b.py    (CoLA-M: add --checkpointing=cola_m)
+# tokens per step: 8 GPUs x 8 sequences x 8 micro-steps x 256 tokens = 131,072; 150,000 steps = 19.66B tokens
+out_dir, wandb_run_name = 'out-cola-7b', 'cola-7b'
+n_layer, n_head, n_embd, intermediate_size = 32, 32, 4096, 11008
 rank = 1024
-only_lr_act = True
-checkpointing = 'none'
-
-batch_size = 8
-gradient_accumulation_steps = 8
-learning_rate = 0.001  # CoLA's peak; cosine to 0.1x
-min_lr = 0.0001
-max_iters = 150000
-lr_decay_iters = 150000
-warmup_iters = 15000
-weight_decay = 0.01
-grad_clip = 0.5
-dtype = 'bfloat16'
+only_lr_act = True  # CoLA's own SiLU replaces SwiGLU's from 350m on
+batch_size, gradient_accumulation_steps = 8, 8
+learning_rate, min_lr = 0.001, 0.0001
+max_iters = lr_decay_iters = 150_000
+warmup_iters = 15_000
 parallel = 'fsdp'  # DDP's full replica with AdamW states does not fit a 40-80 GB GPU

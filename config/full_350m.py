@@ -1,28 +1,10 @@
-# 350M full-rank LLaMA, the official CoLA recipe.
+# Full-rank LLaMA-350M, the official CoLA recipe: the deltas from train.py's defaults (CoLA-60M's recipe).
 # torchrun --standalone --nproc_per_node=8 train.py config/full_350m.py
-# tokens per step: 8 GPUs x 32 sequences x 2 micro-steps x 256 tokens = 131,072 (512 sequences)
-# training tokens: 60,000 steps x 131,072 = 7.86B
-out_dir = 'out-full-350m'
-data_dir = 'data/c4'
-wandb_run_name = 'full-350m'
-
-n_layer = 24
-n_head = 16
-n_embd = 1024
-intermediate_size = 2736
-block_size = 256
+# tokens per step: 8 GPUs x 32 sequences x 2 micro-steps x 256 tokens = 131,072; 60,000 steps = 7.86B tokens
+out_dir, wandb_run_name = 'out-full-350m', 'full-350m'
+n_layer, n_head, n_embd, intermediate_size = 24, 16, 1024, 2736
 rank = 0
-only_lr_act = False
-checkpointing = 'none'
-
-batch_size = 32
-gradient_accumulation_steps = 2
-learning_rate = 0.001  # the GaLore full-rank baseline's peak; cosine to 0.1x
-min_lr = 0.0001
-max_iters = 60000
-lr_decay_iters = 60000
-warmup_iters = 6000
-weight_decay = 0.01
-grad_clip = 0.5
-dtype = 'bfloat16'
-parallel = 'ddp'
+batch_size, gradient_accumulation_steps = 32, 2
+learning_rate, min_lr = 0.001, 0.0001  # the GaLore full-rank baseline's
+max_iters = lr_decay_iters = 60_000
+warmup_iters = 6_000

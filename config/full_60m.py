@@ -1,28 +1,6 @@
-# 60M full-rank LLaMA, the official CoLA recipe.
+# Full-rank LLaMA-60M, the official CoLA recipe: the deltas from train.py's defaults (CoLA-60M's recipe).
 # torchrun --standalone --nproc_per_node=8 train.py config/full_60m.py
-# tokens per step: 8 GPUs x 64 sequences x 1 micro-step x 256 tokens = 131,072 (512 sequences)
-# training tokens: 10,000 steps x 131,072 = 1.31B
-out_dir = 'out-full-60m'
-data_dir = 'data/c4'
-wandb_run_name = 'full-60m'
-
-n_layer = 8
-n_head = 8
-n_embd = 512
-intermediate_size = 1376
-block_size = 256
+# tokens per step: 8 GPUs x 64 sequences x 1 micro-step x 256 tokens = 131,072; 10,000 steps = 1.31B tokens
+out_dir, wandb_run_name = 'out-full-60m', 'full-60m'
 rank = 0
-only_lr_act = False
-checkpointing = 'none'
-
-batch_size = 64
-gradient_accumulation_steps = 1
-learning_rate = 0.001  # the GaLore full-rank baseline's peak; cosine to 0.1x
-min_lr = 0.0001
-max_iters = 10000
-lr_decay_iters = 10000
-warmup_iters = 2000
-weight_decay = 0.01
-grad_clip = 0.5
-dtype = 'bfloat16'
-parallel = 'ddp'
+learning_rate, min_lr = 0.001, 0.0001  # the GaLore full-rank baseline's

@@ -14,6 +14,27 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault('TRITON_INTERPRET', '1')
 import kernels  # noqa: E402
+from model import ModelConfig  # noqa: E402
+
+# The one tiny model of the tests, and the same shapes as train.py settings.
+TINY = ModelConfig(vocab_size=96, block_size=32, n_layer=2, n_head=2, n_embd=64, intermediate_size=128, rank=16)
+TINY_TRAIN = ['--n_layer=2', '--n_head=2', '--n_embd=64', '--intermediate_size=128', '--rank=16', '--block_size=32',
+              '--batch_size=4', '--learning_rate=3e-3', '--min_lr=3e-4', '--warmup_iters=5', '--lr_decay_iters=40',
+              '--eval_tokens=1024', '--log_interval=1', '--device=cpu', '--dtype=float32', '--compile_model=False']
+
+
+def gpt2_available():
+    try:
+        import tiktoken
+        tiktoken.get_encoding('gpt2')
+        return True
+    except Exception:
+        return False
+
+
+# Tests that encode with GPT-2's BPE need its files: online, or in TIKTOKEN_CACHE_DIR (CI: ../shared/tiktoken).
+needs_gpt2 = pytest.mark.skipif(not gpt2_available(), reason="GPT-2's BPE files are not available offline: "
+                                "set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached gpt2 files")
 
 
 def pytest_configure(config):

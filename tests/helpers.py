@@ -1,3 +1,4 @@
+import hashlib
 import os
 import subprocess
 import sys
@@ -19,3 +20,20 @@ def run(cwd, script, *args, torchrun=0, env=None, check=True):
     if check:
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return r
+
+
+def refused(r, message):
+    """Assert that a script stopped with a one-line error holding message: no traceback."""
+    assert r.returncode != 0, r.stdout[-2000:]
+    assert 'Traceback' not in r.stderr, r.stderr[-3000:]
+    assert message in r.stderr.strip().splitlines()[-1], r.stderr[-3000:]
+
+
+def digest(folder):
+    """SHA-1 of every file below folder, by relative path: to show that nothing already written changed."""
+    out = {}
+    for base, _, files in os.walk(folder):
+        for f in files:
+            path = os.path.join(base, f)
+            out[os.path.relpath(path, folder)] = hashlib.sha1(open(path, 'rb').read()).hexdigest()
+    return out

@@ -24,8 +24,11 @@ def test_flop_counter_counts_a_plain_matmul():  # the counting helper against a 
 def test_bench_runs_on_a_tiny_cpu_config_and_reports_consistent_counts():
     args = ['--n_layer=1', '--n_head=2', '--n_embd=64', '--intermediate_size=128', '--rank=16', '--vocab_size=256',
             '--batch_size=2', '--seq_len=32', '--steps=2', '--warmup=1']
-    r = run(ROOT, 'bench.py', *args, '--json')
-    rows = json.loads(r.stdout[r.stdout.index('{'):])['rows']
+    r = run(ROOT, 'bench.py', *args, '--as_json')
+    report = json.loads(r.stdout)
+    rows = report['rows']
+    assert report['shape']['n_embd'] == 64 and report['shape']['vocab_size'] == 256  # the shapes measured
+    assert 'profiler' not in r.stderr  # the profiler's own lines are muted
     d, f, r_, V = 64, 128, 16, 256
     embeddings = 2 * V * d
     assert rows['full-rank']['params_M'] * 1e6 == 4 * d * d + 3 * d * f + 2 * d + d + embeddings
@@ -37,3 +40,16 @@ def test_bench_runs_on_a_tiny_cpu_config_and_reports_consistent_counts():
     assert rows['CoLA-M']['recompute_flops_per_token'] < rows['full-rank + full ckpt']['recompute_flops_per_token']
     table = run(ROOT, 'bench.py', *args).stdout
     assert table.count('\n| ') == 6 and 'Against the paper:' in table and 'throughput: CoLA' in table
+
+
+def test_generation_benchmark_compares_cola_with_full_rank():
+    r = run(ROOT, 'bench.py', '--generation', '--n_layer=1', '--n_embd=64', '--n_head=2', '--intermediate_size=128',
+            '--rank=16', '--seq_len=64', '--new_tokens=8', '--batch_size=1')
+    assert '| full-rank |' in r.stdout and '| CoLA |' in r.stdout and 'less memory for weights + KV cache' in r.stdout
+
+
+def test_params_table_lists_every_config_with_its_vocabulary():
+    r = run(ROOT, 'bench.py', '--table=params')
+    rows = [line for line in r.stdout.splitlines() if line.startswith('| config/')]
+    assert len(rows) == 10 and all('| 50304 |' in row for row in rows)
+    assert '| config/cola_1b.py | 2048 | 5461 | 32 | 24 | 512 | 50304 | 684.3 | 478.2 |' in rows

@@ -7,11 +7,12 @@ from helpers import run
 
 def test_compare_runs_end_to_end_and_its_table_comes_from_the_logs(tmp_path):
     (tmp_path / 'text.txt').write_text('the quick brown fox jumps over the lazy dog. ' * 400)
-    run(tmp_path, 'prepare.py', '--input=text.txt', '--encoding=byte', '--out_dir=data', '--val_tokens=2000')
+    run(tmp_path, 'prepare.py', '--input_files=text.txt', '--encoding=byte', '--out_dir=data', '--val_tokens=2000')
     args = ['--data_dir=data', '--out_dir=cmp', '--n_layer=1', '--n_head=2', '--n_embd=32', '--intermediate_size=64',
             '--rank=8', '--block_size=32', '--batch_size=4', '--max_iters=20', '--warmup_iters=2', '--eval_interval=10',
             '--eval_tokens=512', '--full_rank_lrs=(1e-3,)', '--cola_lrs=(3e-3,1e-2)']
-    run(tmp_path, 'compare.py', *args)
+    r = run(tmp_path, 'compare.py', *args)
+    assert 'run 1 of 4, full-rank-lr0.001: training' in r.stdout and 'run 4 of 4, cola-m-lr' in r.stdout
     runs = ['full-rank-lr0.001', 'cola-lr0.003', 'cola-lr0.01']
     logs = {name: [json.loads(line) for line in open(tmp_path / 'cmp' / name / 'log.jsonl')] for name in runs}
     best_cola = min(runs[1:], key=lambda name: logs[name][-1]['val_loss'])

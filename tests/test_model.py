@@ -1,15 +1,16 @@
+import ast
 import glob
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 import torch
+from conftest import TINY
+from helpers import ROOT
 
-from bench import activation_bytes, measure_flops
-from configurator import read_config_file
+from bench import activation_bytes, config_shape, measure_flops
 from model import CoLALinear, ModelConfig, Transformer
 
-TINY = ModelConfig(vocab_size=96, block_size=32, n_layer=2, n_head=4, n_embd=64, intermediate_size=96, rank=16)
 SHAPES_1B = dict(n_embd=2048, intermediate_size=5461, n_head=32, rank=512, block_size=256)
 
 
@@ -27,16 +28,14 @@ def closed_form_non_embedding(c):
 
 @pytest.mark.parametrize('path', sorted(glob.glob('config/*.py')))
 def test_parameter_counts_equal_closed_forms(path):
-    fields = {k: v for k, v in read_config_file(path).items() if k in ModelConfig.__dataclass_fields__}
-    model = build(ModelConfig(**fields), device='meta')
+    model = build(config_shape(path)[0], device='meta')
     assert model.num_params() == closed_form_non_embedding(model.config)
     assert model.num_params(non_embedding=False) == model.num_params() + 2 * model.config.vocab_size * model.config.n_embd
 
 
 def test_parameter_counts_match_the_paper_with_a_32k_vocabulary():
     for path, millions in [('config/cola_60m.py', 42.77), ('config/cola_1b.py', 609.3)]:
-        fields = {k: v for k, v in read_config_file(path).items() if k in ModelConfig.__dataclass_fields__}
-        model = build(ModelConfig(**fields, vocab_size=32000), device='meta')
+        model = build(config_shape(path, vocab_size=32000)[0], device='meta')
         assert round(model.num_params(non_embedding=False) / 1e6, 2 if millions < 100 else 1) == millions
 
 
@@ -81,11 +80,38 @@ def test_checkpointing_gives_the_same_loss_and_gradients(rank, mode):
         torch.testing.assert_close(grads_ck[name], grads[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize('field,value,message', [
+    ('rank', -4, 'rank=-4: expected 0 (full-rank) or a bottleneck narrower than n_embd=64 and intermediate_size=128'),
+    ('rank', 64, 'rank=64: expected 0'),  # as wide as n_embd: CoLA-M could not tell z from other outputs
+    ('n_layer', 0, 'n_layer=0: expected a positive integer'),
+    ('vocab_size', -1, 'vocab_size=-1: expected a positive integer'),
+    ('n_head', 3, 'n_embd=64 must split into n_head=3 heads of even size'),
+    ('norm_eps', 0.0, 'norm_eps=0.0, rope_theta=10000.0: expected positive numbers'),
+    ('checkpointing', 'selective', "checkpointing='selective': expected 'none', 'full' or 'cola_m'"),
+])
+def test_bad_model_settings_are_one_line_errors_naming_the_value(field, value, message):
+    with pytest.raises(ValueError) as error:
+        replace(TINY, **{field: value})
+    assert message in str(error.value) and '\n' not in str(error.value)
+
+
 def test_cola_m_without_cola_layers_is_an_error():
-    with pytest.raises(ValueError, match='rank'):
-        ModelConfig(rank=0, checkpointing='cola_m')
-    with pytest.raises(ValueError, match='checkpointing'):
-        ModelConfig(rank=16, checkpointing='selective')
+    with pytest.raises(ValueError, match='needs CoLA layers'):
+        replace(TINY, rank=0, checkpointing='cola_m')
+
+
+def test_train_py_has_every_model_field_with_the_same_default():
+    settings = {}
+    for node in ast.parse(open(f'{ROOT}/train.py').read()).body:  # train.py's module-level constants
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            try:
+                settings[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass
+    for field in fields(ModelConfig):
+        assert field.name in settings, field.name
+        if field.name != 'vocab_size':  # train.py's None: the data's vocabulary, padded
+            assert settings[field.name] == field.default, field.name
 
 
 def saved_tensor_bytes(config, batch_size, seq_len):
@@ -159,6 +185,9 @@ def test_tiny_model_overfits_one_batch(rank):
 def test_optimizer_decays_matrices_only():
     model = build(TINY)
     decay, no_decay = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu').param_groups
-    assert decay['weight_decay'] == 0.1 and all(p.dim() == 2 for p in decay['params'])
-    assert no_decay['weight_decay'] == 0.0 and all(p.dim() == 1 for p in no_decay['params'])
-    assert len(decay['params']) + len(no_decay['params']) == len(list(model.parameters()))
+    name = {id(p): n for n, p in model.named_parameters()}
+    decayed = sorted(name[id(p)] for p in decay['params'])
+    assert decay['weight_decay'] == 0.1 and no_decay['weight_decay'] == 0.0
+    assert sorted(name[id(p)] for p in no_decay['params']) == sorted(n for n in name.values() if n.endswith('norm.weight'))
+    assert 'tok_emb.weight' in decayed and 'lm_head.weight' in decayed and 'blocks.0.attn.q_proj.A' in decayed
+    assert 'blocks.1.mlp.down_proj.B' in decayed and len(decayed) + len(no_decay['params']) == len(name)

@@ -1,13 +1,18 @@
 import json
 import os
 import random
+import signal
+import subprocess
+import sys
+import time
 
+import numpy as np
 import pytest
-from helpers import run
+from conftest import TINY_TRAIN as TINY
+from conftest import needs_gpt2
+from helpers import ROOT, digest, refused, run
 
-TINY = ['--n_layer=2', '--n_head=2', '--n_embd=64', '--intermediate_size=128', '--rank=16', '--block_size=32',
-        '--batch_size=4', '--learning_rate=3e-3', '--min_lr=3e-4', '--warmup_iters=5', '--lr_decay_iters=40',
-        '--eval_tokens=1024', '--log_interval=1', '--device=cpu', '--dtype=float32', '--compile=False']
+from prepare import write_shard
 
 
 @pytest.fixture(scope='module')
@@ -18,11 +23,12 @@ def data(tmp_path_factory):
     subjects, verbs, objects = ['the cat', 'a dog', 'my friend', 'the king'], ['sees', 'likes', 'finds'], ['the sea', 'a bird', 'bread']
     with open(folder / 'corpus.txt', 'w') as f:
         f.write(' '.join(f'{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}.' for _ in range(8000)))
-    run(folder, 'prepare.py', '--input=corpus.txt', '--encoding=byte', '--out_dir=data', '--val_tokens=4096')
+    run(folder, 'prepare.py', '--input_files=corpus.txt', '--encoding=byte', '--out_dir=data', '--val_tokens=4096')
     return folder
 
 
 def train_log(folder):
+    """Train and val losses by iter; a later record of an iter (a resumed run's) replaces an earlier one."""
     records = [json.loads(line) for line in open(os.path.join(folder, 'log.jsonl'))]
     losses = {r['iter']: r['loss'] for r in records if 'loss' in r}
     return losses, {r['iter']: r['val_loss'] for r in records if 'val_loss' in r}
@@ -87,18 +93,161 @@ def test_a_missing_data_folder_says_which_prepare_command_to_run(tmp_path):
     assert r.returncode != 0 and 'python prepare.py --out_dir=data/nothing' in r.stderr.strip().splitlines()[-1]
 
 
+@needs_gpt2
 def test_a_vocabulary_mismatch_is_refused(data):
-    r = run(data, 'train.py', *TINY, '--data_dir=data', '--vocab_size=128', check=False)
-    assert r.returncode != 0 and 'vocab_size=128 is smaller than the vocabulary of data/' in r.stderr
-    run(data, 'prepare.py', '--input=corpus.txt', '--encoding=gpt2', '--out_dir=data_gpt2', '--val_tokens=1000')
-    r = run(data, 'train.py', *TINY, '--data_dir=data_gpt2', '--out_dir=falls', '--init_from=resume', check=False)
-    assert r.returncode != 0 and "trained on encoding='byte' data, but data_gpt2/ holds 'gpt2' tokens" in r.stderr
+    refused(run(data, 'train.py', *TINY, '--data_dir=data', '--vocab_size=128', check=False),
+            'vocab_size=128 is smaller than the vocabulary of data/')
+    run(data, 'train.py', *TINY, '--data_dir=data', '--out_dir=vocab', '--max_iters=2', '--eval_interval=2')
+    run(data, 'prepare.py', '--input_files=corpus.txt', '--encoding=gpt2', '--out_dir=data_gpt2', '--val_tokens=1000')
+    refused(run(data, 'train.py', *TINY, '--data_dir=data_gpt2', '--out_dir=vocab', '--init_from=resume', check=False),
+            "trained on encoding='byte' data, but data_gpt2/ holds 'gpt2' tokens")
 
 
 def test_config_typos_are_caught(tmp_path):
     r = run(tmp_path, 'train.py', '--learning_rat=1e-3', check=False)
     assert r.returncode != 0 and '--learning_rat: unknown setting' in r.stderr
     r = run(tmp_path, 'train.py', '--batch_size=big', check=False)
-    assert r.returncode != 0 and "batch_size='big' is a str, expected a int" in r.stderr
+    assert r.returncode != 0 and "batch_size='big' is a str, expected an int" in r.stderr
     r = run(tmp_path, 'train.py', 'config/nope.py', check=False)
     assert r.returncode != 0 and "config file 'config/nope.py' not found" in r.stderr
+
+
+def test_a_second_run_into_a_busy_out_dir_is_refused_and_a_killed_run_leaves_no_stale_lock(data):
+    common = [*TINY, '--data_dir=data', '--out_dir=busy', '--eval_interval=2']
+    run(data, 'train.py', *common, '--max_iters=2')
+    first = subprocess.Popen([sys.executable, os.path.join(ROOT, 'train.py'), *common, '--max_iters=100000',
+                              '--init_from=resume'], cwd=data, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while 'resumed_at' not in open(data / 'busy' / 'log.jsonl').read():  # it holds the lock from here on
+            assert first.poll() is None and time.time() < deadline
+            time.sleep(0.2)
+        r = run(data, 'train.py', *common, '--max_iters=4', '--init_from=resume', check=False)
+        refused(r, f'busy/ is in use by another training run (pid {first.pid})')
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    r = run(data, 'train.py', *common, '--max_iters=4', '--init_from=resume')  # the kill released the lock
+    assert 'resumed from' in r.stdout
+
+
+@pytest.mark.parametrize('override,message', [
+    ('--rank=8', 'rank=8 differs from the checkpoint\'s rank=16'),
+    ('--rank=0', 'rank=0 differs from the checkpoint\'s rank=16'),
+    ('--n_embd=32', 'n_embd=32 differs from the checkpoint\'s n_embd=64'),
+    ('--n_layer=3', 'n_layer=3 differs from the checkpoint\'s n_layer=2'),
+    ('--block_size=16', 'block_size=16 differs from the checkpoint\'s block_size=32'),
+])
+def test_resume_refuses_a_different_model_shape_and_changes_nothing(data, override, message):
+    common = [*TINY, '--data_dir=data', '--out_dir=shape', '--eval_interval=2']
+    if not (data / 'shape' / 'ckpt.pt').exists():
+        run(data, 'train.py', *common, '--max_iters=2')
+    before = digest(data / 'shape')
+    refused(run(data, 'train.py', *common, '--max_iters=4', '--init_from=resume', override, check=False), message)
+    assert digest(data / 'shape') == before
+
+
+def test_resume_may_change_how_the_model_runs(data):
+    common = [*TINY, '--data_dir=data', '--out_dir=howto', '--eval_interval=2']
+    run(data, 'train.py', *common, '--max_iters=2')
+    run(data, 'train.py', *common, '--max_iters=4', '--init_from=resume', '--checkpointing=cola_m', '--fused_cola=False')
+
+
+def test_a_truncated_checkpoint_on_resume_points_to_best_pt(data):
+    common = [*TINY, '--data_dir=data', '--out_dir=cut', '--eval_interval=2']
+    run(data, 'train.py', *common, '--max_iters=2')
+    (data / 'cut' / 'ckpt.pt').write_bytes((data / 'cut' / 'ckpt.pt').read_bytes()[:10000])
+    r = run(data, 'train.py', *common, '--max_iters=4', '--init_from=resume', check=False)
+    refused(r, 'cut/ckpt.pt is truncated or corrupt')
+    assert 'cut/best.pt holds the best state so far' in r.stderr
+
+
+def test_a_resumed_log_marks_the_resume(data):
+    common = [*TINY, '--data_dir=data', '--out_dir=marked', '--eval_interval=3']
+    run(data, 'train.py', *common, '--max_iters=3')
+    run(data, 'train.py', *common, '--max_iters=6', '--init_from=resume')
+    records = [json.loads(line) for line in open(data / 'marked' / 'log.jsonl')]
+    assert {'resumed_at': 3} in records and records.index({'resumed_at': 3}) < [r.get('iter') for r in records].index(4)
+    r = run(data, 'train.py', *common, '--max_iters=7', '--init_from=resume', '--log_interval=1')
+    assert 'iter 7/7: loss' in r.stdout and ', eta 0h00m' in r.stdout
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--rank=-4'], 'rank=-4: expected 0 (full-rank) or a bottleneck narrower than n_embd=64'),
+    (['--n_layer=0'], 'n_layer=0: expected a positive integer'),
+    (['--n_head=3'], 'n_embd=64 must split into n_head=3 heads of even size'),
+    (['--batch_size=0'], 'batch_size=0: expected a positive number'),
+    (['--eval_interval=0'], 'eval_interval=0: expected a positive number'),
+    (['--gradient_accumulation_steps=0'], 'gradient_accumulation_steps=0: expected a positive number'),
+    (['--max_iters=-1'], 'max_iters=-1: expected 0 or more'),
+    (['--learning_rate=0.0'], 'learning_rate=0.0: expected a positive number'),
+    (['--device=cdua'], "device='cdua': expected 'cpu', or 'cuda' / 'cuda:N' on a machine with a CUDA GPU"),
+    (['--dtype=float16'], "dtype='float16': expected one of ('float32', 'bfloat16')"),
+    (['--block_size=2000000'], 'block_size=2000000 is longer than the train split of data/'),
+    (['--block_size=4000', '--batch_size=2'], '(4,096 tokens) is smaller than one evaluation batch of 2 x 4000 tokens'),
+])
+def test_bad_settings_are_one_line_errors_and_write_nothing(data, args, message):
+    refused(run(data, 'train.py', *TINY, '--data_dir=data', '--out_dir=never', *args, check=False), message)
+    assert not (data / 'never').exists()
+
+
+def test_an_eval_budget_larger_than_the_val_split_is_capped_with_a_notice(data):
+    r = run(data, 'train.py', *TINY, '--data_dir=data', '--out_dir=capped', '--max_iters=1', '--eval_tokens=100000000')
+    assert 'eval_tokens=100,000,000 is more than the val split holds: evaluating on its first 3,968 tokens' in r.stdout
+
+
+@pytest.mark.parametrize('fault,message', [
+    ('magic', 'not a version-1 nanoCoLA token shard (wrong magic number)'),
+    ('truncated', 'truncated: the header says'),
+    ('header', 'cut inside its header (100 bytes)'),
+    ('odd', 'truncated: the header says'),
+    ('deleted', 'train_000000.bin: No such file or directory'),
+    ('token', 'train_000000.bin: token id 60000 is outside the byte vocabulary of 257 tokens'),
+])
+def test_broken_shards_are_named_with_what_is_wrong(data, tmp_path, fault, message):
+    broken = tmp_path / 'broken'
+    broken.mkdir()
+    for name in os.listdir(data / 'data'):
+        (broken / name).write_bytes((data / 'data' / name).read_bytes())
+    shard = broken / 'train_000000.bin'
+    content = shard.read_bytes()
+    if fault == 'magic':
+        shard.write_bytes(b'XXXX' + content[4:])
+    elif fault == 'truncated':
+        shard.write_bytes(content[:-100])
+    elif fault == 'header':
+        shard.write_bytes(content[:100])
+    elif fault == 'odd':
+        shard.write_bytes(content + b'x')
+    elif fault == 'deleted':
+        shard.unlink()
+    else:
+        tokens = np.frombuffer(content[1024:], dtype=np.uint16).copy()
+        tokens[500] = 60000
+        write_shard(str(shard), tokens)
+    before = digest(broken)
+    refused(run(tmp_path, 'train.py', *TINY, f'--data_dir={broken}', '--out_dir=never', check=False), message)
+    assert digest(broken) == before and not (tmp_path / 'never').exists()
+
+
+def test_a_stalled_process_stops_a_distributed_run_after_dist_timeout_s(data):
+    args = [*TINY, '--data_dir=data', '--out_dir=stalled', '--batch_size=2', '--max_iters=100000', '--eval_interval=100000',
+            '--dist_timeout_s=10']
+    launcher = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                                 os.path.join(ROOT, 'train.py'), *args], cwd=data, env=dict(os.environ, OMP_NUM_THREADS='1'),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (data / 'stalled' / 'log.jsonl').exists() or '"loss"' not in open(data / 'stalled' / 'log.jsonl').read():
+            assert launcher.poll() is None and time.time() < deadline  # training is under way
+            time.sleep(0.2)
+        workers = [int(pid) for pid in os.listdir('/proc') if pid.isdigit()
+                   and open(f'/proc/{pid}/stat').read().split(')')[1].split()[1] == str(launcher.pid)]
+        rank1 = next(pid for pid in workers if b'\0RANK=1\0' in b'\0' + open(f'/proc/{pid}/environ', 'rb').read())
+        os.kill(rank1, signal.SIGSTOP)  # as a hung or stopped process would
+        stopped = time.time()
+        launcher.wait(timeout=120)
+        assert launcher.returncode != 0 and time.time() - stopped < 90  # not the default 30 minutes
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
