@@ -1,7 +1,7 @@
 """
 CoLA's efficiency claims, measured side by side: parameters, training FLOPs, activation memory,
-recomputation and throughput of full-rank, full-rank + 'full' checkpointing, CoLA, CoLA + 'full'
-and CoLA-M at the same shapes.
+recomputation and throughput of full-rank, full-rank + 'full' checkpointing, CoLA, CoLA + 'full',
+CoLA-M, DLR, ELAS and TSVD (at its start rank, CoLA's) at the same shapes.
 
     python bench.py                                          # 350m widths, 2 layers, on the CPU
     python bench.py --config=config/cola_1b.py --n_layer=0 --device=meta  # counts only (no timing), any size
@@ -121,16 +121,17 @@ def resident_bytes(model, optimizer):
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-VARIANTS = [  # name, uses CoLA layers, checkpointing
-    ('full-rank', False, 'none'), ('full-rank + full ckpt', False, 'full'),
-    ('CoLA', True, 'none'), ('CoLA + full ckpt', True, 'full'), ('CoLA-M', True, 'cola_m'),
+VARIANTS = [  # name, changes to the CoLA shape
+    ('full-rank', dict(rank=0)), ('full-rank + full ckpt', dict(rank=0, checkpointing='full')),
+    ('CoLA', {}), ('CoLA + full ckpt', dict(checkpointing='full')), ('CoLA-M', dict(checkpointing='cola_m')),
+    ('DLR', dict(dlr_alpha=1.0)), ('ELAS', dict(mlp='elas')), ('TSVD', dict(layer='tsvd')),  # TSVD at its start rank
 ]
 
 
 def run_benchmark(shape, device, dtype, batch_size, seq_len, steps, warmup, compile_model):
     """Every variant at the same shapes: counts for all, timings unless device is 'meta'."""
     ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16}[dtype]
-    configs = {name: replace(shape, rank=shape.rank if cola else 0, checkpointing=mode) for name, cola, mode in VARIANTS}
+    configs = {name: replace(shape, **changes) for name, changes in VARIANTS}
     rows = {}
     for name, config in configs.items():
         with torch.device('meta'):
@@ -140,7 +141,7 @@ def run_benchmark(shape, device, dtype, batch_size, seq_len, steps, warmup, comp
         rows[name] = {
             'params_M': model.num_params(False) / 1e6, 'non_embedding_params_M': model.num_params() / 1e6,
             'flops_per_token': flops, 'flops_per_token_analytic': model.flops_per_token(seq_len),
-            'recompute_flops_per_token': recompute,
+            'recompute_flops_per_token': recompute, 'sparse_flops_saved_per_token': model.sparse_flops_saved(),
             'activation_bytes_per_token_per_layer': activation_bytes(config, 1 if device == 'meta' else batch_size,
                                                                      seq_len, memory_device, ptdtype),
         }
@@ -195,11 +196,17 @@ def markdown(rows):
               f"CoLA's activations (paper: about 2/3 less)",
               f"- recomputation: CoLA-M recomputes {colam['recompute_flops_per_token'] / base_ckpt['recompute_flops_per_token']:.2f}x "
               f"what full-rank + full ckpt does (paper: about 5x cheaper, 0.2x)"]
+    elas = rows['ELAS']
+    lines += [f"- ELAS: {elas['params_M'] / cola['params_M']:.2f}x CoLA's parameters and {elas['flops_per_token'] / cola['flops_per_token']:.2f}x "
+              f"its dense FLOPs; its 2:4 sparse product skips {elas['sparse_flops_saved_per_token'] / 1e6:.1f} MFLOPs per token "
+              f"({elas['sparse_flops_saved_per_token'] / elas['flops_per_token']:.1%} of its training FLOPs; not taken off the counts above, "
+              f"and only where the semi-structured kernels run: CUDA, fp16/bf16)"]
     if timed:
         flop_ratio = base['flops_per_token'] / cola['flops_per_token']
         lines += [f"- throughput: CoLA {cola['tokens_per_s'] / base['tokens_per_s']:.2f}x full-rank (FLOP ratio "
                   f"{flop_ratio:.2f}x, so {cola['tokens_per_s'] / base['tokens_per_s'] / flop_ratio:.0%} of it turns into "
-                  f"speed; paper: 1.86x), CoLA-M {colam['tokens_per_s'] / cola['tokens_per_s']:.2f}x CoLA"]
+                  f"speed; paper: 1.86x), CoLA-M {colam['tokens_per_s'] / cola['tokens_per_s']:.2f}x CoLA, "
+                  f"DLR {rows['DLR']['tokens_per_s'] / cola['tokens_per_s']:.2f}x CoLA, ELAS {elas['tokens_per_s'] / cola['tokens_per_s']:.2f}x CoLA"]
     if peak:
         lines += [f"- peak memory of a training step: CoLA-M {colam['peak_memory_GiB'] / cola['peak_memory_GiB']:.2f}x CoLA"]
     return '\n'.join(lines)

@@ -17,14 +17,17 @@ CoLA-M checkpoint and the block, the model, and its helpers (parameter and FLOP 
 generation).
 """
 
+import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from tsvd import TSVDLinear
 
 try:
     import kernels  # the fused CoLA product; without Triton installed, CoLA layers run eager PyTorch
@@ -42,6 +45,10 @@ class ModelConfig:
     intermediate_size: int = 1376  # SwiGLU hidden width
     rank: int = 128  # 0: full-rank nn.Linear projections; > 0: CoLA bottlenecks of this width
     only_lr_act: bool = False  # True: the MLP drops SwiGLU's own SiLU (CoLA's layers are non-linear already)
+    dlr_alpha: float = 0.0  # DLR: > 0 adds (alpha / sqrt(K)) * Expand_K(silu(z)) to each CoLA layer (paper: 1.0)
+    dlr_scope: str = 'all'  # DLR on 'all' seven projections, or only on 'attn' or 'mlp'
+    mlp: str = 'swiglu'  # 'swiglu', or 'elas': down(sparsify24(relu(up(x))^2)), 1.5x as wide, no gate
+    layer: str = 'cola'  # the low-rank projection when rank > 0: 'cola', or 'tsvd' (tsvd.py; rank = start rank)
     norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     # how to run it, not what it is: a checkpoint loads whatever these say
@@ -63,6 +70,15 @@ class ModelConfig:
             raise ValueError(f"norm_eps={self.norm_eps}, rope_theta={self.rope_theta}: expected positive numbers")
         if self.checkpointing not in ('none', 'full', 'cola_m'):
             raise ValueError(f"checkpointing={self.checkpointing!r}: expected 'none', 'full' or 'cola_m'")
+        if self.dlr_alpha < 0 or self.dlr_scope not in ('all', 'attn', 'mlp') or (self.dlr_alpha > 0 and self.rank == 0):
+            raise ValueError(f"dlr_alpha={self.dlr_alpha}, dlr_scope={self.dlr_scope!r}: expected dlr_alpha 0 (off) or "
+                             f"positive on CoLA layers (rank > 0), dlr_scope 'all', 'attn' or 'mlp'")
+        if self.mlp not in ('swiglu', 'elas'):
+            raise ValueError(f"mlp={self.mlp!r}: expected 'swiglu' or 'elas'")
+        if self.layer not in ('cola', 'tsvd') or (self.layer == 'tsvd' and (self.rank == 0 or self.dlr_alpha > 0
+                                                                             or self.checkpointing == 'cola_m')):
+            raise ValueError(f"layer={self.layer!r}: expected 'cola', or 'tsvd' with rank > 0 (its start rank) "
+                             f"and without DLR or CoLA-M, which are for CoLA layers")
         if self.checkpointing == 'cola_m' and self.rank == 0:
             raise ValueError("checkpointing='cola_m' needs CoLA layers: set rank > 0 (got rank=0, a full-rank model)")
 
@@ -103,39 +119,84 @@ class CoLALinear(nn.Module):
     product keeps the variance of a (d_in + d_out)^(-1/2)-scaled full-rank layer.
     """
 
-    def __init__(self, d_in, d_out, rank, fused=True):
+    def __init__(self, d_in, d_out, rank, fused=True, dlr_alpha=0.0):
         super().__init__()
         std = rank ** -0.25 * (d_in + d_out) ** -0.25
         self.A = nn.Parameter(torch.randn(d_in, rank) * std)
         self.B = nn.Parameter(torch.randn(rank, d_out) * std)
         self.fused = fused and kernels is not None
+        self.sparse_input = False  # set by ELAS's MLP on its down_proj while sparsity is on
+        # DLR: a fixed B-shaped residual (see latent_residual), saved with the weights
+        self.register_buffer('dlr_residual', latent_residual(rank, d_out, dlr_alpha) if dlr_alpha > 0 else None)
 
     def forward(self, x):
         return self.up(self.down(x))
 
     def down(self, x):
+        if self.sparse_input and kernels is not None:  # ELAS: x is 2:4 sparse
+            return kernels.sparse24_matmul(x, self.A)
         return x @ self.A
 
     def up(self, z):
         # The fused op (Triton on CUDA) applies SiLU inside the matmul and keeps only z for
         # backward, where eager PyTorch keeps z and silu(z).
+        B = self.B if self.dlr_residual is None else self.B + self.dlr_residual  # (r, d_out)
         if self.fused:
-            return kernels.silu_matmul(z, self.B)
-        return F.silu(z) @ self.B
+            return kernels.silu_matmul(z, B)
+        return F.silu(z) @ B
+
+    def fold_dlr(self):
+        """Fold DLR's residual into B (exact): a plain CoLA layer with the same outputs."""
+        if self.dlr_residual is not None:
+            self.B.data += self.dlr_residual.to(self.B.dtype)
+            self.dlr_residual = None
 
 
-def projection(d_in, d_out, config):
-    """A block's projection: nn.Linear for the full-rank baseline, CoLALinear when config.rank > 0."""
+def latent_residual(rank, d_out, alpha):
+    """DLR (Zero-Inference-Cost Latent Residuals): y = silu(z) @ B + (alpha / sqrt(K)) Expand_K(silu(z)),
+    K = ceil(d_out / r), where Expand_K copies latent o // K into output column o (latent j fills
+    columns jK .. jK+K-1; when r does not divide d_out the last latents get fewer copies or none).
+    Expand_K(s) = s @ R with R[o // K, o] = 1, so DLR is y = silu(z) @ (B + (alpha / sqrt(K)) R): the
+    fused kernel runs unchanged, B's gradient is unchanged, and folding R into B after training is
+    exact. Returns (alpha / sqrt(K)) R, (r, d_out)."""
+    K = math.ceil(d_out / rank)
+    R = torch.zeros(rank, d_out)
+    R[torch.arange(d_out) // K, torch.arange(d_out)] = 1.0
+    return alpha / math.sqrt(K) * R
+
+
+def projection(d_in, d_out, config, part):
+    """A projection of a block's part ('attn' or 'mlp'): nn.Linear for the full-rank baseline,
+    CoLALinear when config.rank > 0 (with DLR where config.dlr_scope covers the part), or TSVDLinear."""
+    if config.rank > 0 and config.layer == 'tsvd':
+        return TSVDLinear(d_in, d_out, config.rank)
     if config.rank > 0:
-        return CoLALinear(d_in, d_out, config.rank, config.fused_cola)
+        dlr = config.dlr_alpha if config.dlr_scope in ('all', part) else 0.0
+        return CoLALinear(d_in, d_out, config.rank, config.fused_cola, dlr)
     return nn.Linear(d_in, d_out, bias=False)
+
+
+def elas_width(intermediate_size):
+    """ELAS's hidden width: 1.5x SwiGLU's (which has a gate too), rounded down to a multiple of 4."""
+    return int(1.5 * intermediate_size) // 4 * 4
+
+
+def sparsify24(h):
+    """ELAS's 2:4 activation sparsity: in each group of 4 consecutive features of h (..., n), keep the
+    2 of largest magnitude (ties: the first) and zero the other 2. Backward is straight-through: the
+    gradient passes every position as if nothing was zeroed."""
+    a = h.unflatten(-1, (-1, 4)).abs().unsqueeze(-1)  # (..., n / 4, 4, 1)
+    first = torch.arange(4, device=h.device)[:, None] < torch.arange(4, device=h.device)  # (4, 4): i before j
+    ahead = (a > a.mT) | ((a == a.mT) & first)  # (..., n / 4, 4, 4): feature i ranks ahead of feature j
+    keep = (ahead.sum(-2) < 2).flatten(-2)  # (..., n): fewer than 2 of its group rank ahead of it
+    return h - (h * ~keep).detach()  # forward h * keep; gradient identity
 
 
 class Attention(nn.Module):
     def __init__(self, config):
         super().__init__()
         d, self.n_head = config.n_embd, config.n_head
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (projection(d, d, config) for _ in range(4))
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (projection(d, d, config, 'attn') for _ in range(4))
 
     def forward(self, x, cos, sin, kv_cache=None):
         return self.o_proj(self.attend(x, cos, sin, kv_cache))
@@ -154,21 +215,37 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)); with only_lr_act the gate's own SiLU is dropped."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); with only_lr_act the gate's own SiLU is dropped.
+    ELAS (mlp='elas'): down(sparsify24(relu(up(x))^2)), with no gate and a hidden layer 1.5x as wide
+    (a multiple of 4), so that the parameters stay about SwiGLU's; after train.py's dense warm-up
+    (self.sparse off) the activation entering down is 2:4 sparse."""
 
     def __init__(self, config):
         super().__init__()
         d, f = config.n_embd, config.intermediate_size
-        self.gate_proj, self.up_proj = projection(d, f, config), projection(d, f, config)
-        self.down_proj = projection(f, d, config)
-        self.gate_act = nn.Identity() if config.only_lr_act else nn.SiLU()
+        self.elas = config.mlp == 'elas'
+        if self.elas:
+            f = elas_width(f)
+        else:
+            self.gate_proj = projection(d, f, config, 'mlp')
+            self.gate_act = nn.Identity() if config.only_lr_act else nn.SiLU()
+        self.up_proj, self.down_proj = projection(d, f, config, 'mlp'), projection(f, d, config, 'mlp')
+        self.set_sparsity(self.elas)
+
+    def set_sparsity(self, on):
+        self.sparse = on and self.elas
+        if isinstance(self.down_proj, CoLALinear):  # the sparse product: kernels.sparse24_matmul on a GPU
+            self.down_proj.sparse_input = self.sparse
 
     def forward(self, x):
-        return self.down_proj(self.gated(x))
+        return self.down_proj(self.hidden_activation(x))
 
-    def gated(self, x):
-        """The gated hidden layer, down_proj's input (separate so that CoLA-M can cut the branch
-        inside down_proj): (B, T, d) -> (B, T, f)."""
+    def hidden_activation(self, x):
+        """The hidden layer, down_proj's input (separate so that CoLA-M can cut the branch inside
+        down_proj): (B, T, d) -> (B, T, f)."""
+        if self.elas:
+            h = F.relu(self.up_proj(x)).square()
+            return sparsify24(h) if self.sparse else h
         return self.gate_act(self.gate_proj(x)) * self.up_proj(x)
 
 
@@ -197,6 +274,12 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.checkpointing, self.rank = config.checkpointing, config.rank
 
+    def projections(self):
+        """The block's projections, q, k, v, o, (gate,) up, down."""
+        mlp = self.mlp
+        return [self.attn.q_proj, self.attn.k_proj, self.attn.v_proj, self.attn.o_proj,
+                *([] if mlp.elas else [mlp.gate_proj]), mlp.up_proj, mlp.down_proj]
+
     def forward(self, x, cos, sin, kv_cache=None):
         mode = self.checkpointing if torch.is_grad_enabled() else 'none'
         # No dropout: nothing random to replay, so the checkpoints keep no RNG state.
@@ -219,7 +302,7 @@ class Block(nn.Module):
         o_proj, down_proj = self.attn.o_proj, self.mlp.down_proj
         z_o = cola_m_checkpoint(lambda x: o_proj.down(self.attn.attend(self.attn_norm(x), cos, sin)), self.rank, x)
         h = x + o_proj.up(z_o)
-        z_down = cola_m_checkpoint(lambda h: down_proj.down(self.mlp.gated(self.mlp_norm(h))), self.rank, h)
+        z_down = cola_m_checkpoint(lambda h: down_proj.down(self.mlp.hidden_activation(self.mlp_norm(h))), self.rank, h)
         return h + down_proj.up(z_down)
 
 
@@ -284,33 +367,54 @@ class Transformer(nn.Module):
         return n
 
     def flops_per_token(self, seq_len):
-        """Training FLOPs per token, from the layer shapes: 6 per matmul weight (2 forward, 4 backward),
-        attention's scores and mixing (4 * seq_len * d forward, over the whole T x T square, as
-        FlopCounterMode counts it; 2x that in backward), plus what the checkpointing recomputes in
-        backward. Elementwise work is not counted. Recomputation is included, so MFU from this is
-        what the hardware does (HFU in PaLM's terms)."""
+        """Training FLOPs per token, from the layers as they are now: 6 per matmul weight (2 forward, 4
+        backward; a projection's multiply-adds per token are its parameter count, for nn.Linear,
+        CoLA and TSVD alike), attention's scores and mixing (4 * seq_len * d forward, over the whole
+        T x T square, as FlopCounterMode counts it; 2x that in backward), plus what the checkpointing
+        recomputes in backward. Elementwise work is not counted. Recomputation is included, so MFU
+        from this is what the hardware does (HFU in PaLM's terms)."""
         c = self.config
-        d, f, r, L, T = c.n_embd, c.intermediate_size, c.rank, c.n_layer, seq_len
-
-        def weights(d_in, d_out):  # of one projection
-            return r * (d_in + d_out) if r > 0 else d_in * d_out
-
-        attention = 4 * T * d
-        layer = 2 * (4 * weights(d, d) + 2 * weights(d, f) + weights(f, d)) + attention
-        forward = L * layer + 2 * d * c.vocab_size
-        recompute = 0
-        if c.checkpointing == 'full':  # the whole block again
-            recompute = L * layer
-        elif c.checkpointing == 'cola_m':  # the up-projections of q, k, v, gate, up, and attention
-            recompute = L * (2 * r * (3 * d + 2 * f) + attention)
+        attention = 4 * seq_len * c.n_embd
+        forward, recompute = 2 * c.n_embd * c.vocab_size, 0
+        for block in self.blocks:
+            layer = 2 * sum(p.numel() for proj in block.projections() for p in proj.parameters()) + attention
+            forward += layer
+            if c.checkpointing == 'full':  # the whole block again
+                recompute += layer
+            elif c.checkpointing == 'cola_m':  # attention and the up-projections inside the checkpoints (not o's, down's)
+                recompute += 2 * sum(proj.B.numel() for proj in block.projections()
+                                     if proj not in (block.attn.o_proj, block.mlp.down_proj)) + attention
         return 3 * forward + recompute
 
+    def sparse_flops_saved(self):
+        """ELAS: forward FLOPs per token that a 2:4 sparse product skips: half of the product of the
+        sparse activation with down_proj's first factor (A, or W at rank 0). Not taken off
+        flops_per_token, which counts dense FLOPs (backward is dense: straight-through)."""
+        c = self.config
+        return c.n_layer * elas_width(c.intermediate_size) * (c.rank or c.n_embd) if c.mlp == 'elas' else 0
+
+    def set_sparsity(self, on):
+        """ELAS: 2:4 sparsity on (after the dense warm-up) or off."""
+        for block in self.blocks:
+            block.mlp.set_sparsity(on)
+
+    def fold_dlr(self):
+        """DLR folded into B (exact): this model becomes a plain CoLA model with the same outputs,
+        CoLA's parameter names and count and no DLR buffers."""
+        for module in self.modules():
+            if isinstance(module, CoLALinear):
+                module.fold_dlr()
+        self.config = replace(self.config, dlr_alpha=0.0)
+        return self
+
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW with weight decay on the matrices (A, B, linear and embedding weights), none on norms."""
-        params = [p for p in self.parameters() if p.requires_grad]
+        """AdamW with weight decay on the matrices (A, B, linear and embedding weights, TSVD's S), none on
+        norms and on TSVD's orthonormal U and V."""
+        params = {n: p for n, p in self.named_parameters() if p.requires_grad}
+        decayed = [n for n, p in params.items() if p.dim() >= 2 and not n.endswith(('.U', '.V'))]  # TSVD: on S only
         groups = [
-            {'params': [p for p in params if p.dim() >= 2], 'weight_decay': weight_decay},
-            {'params': [p for p in params if p.dim() < 2], 'weight_decay': 0.0},
+            {'params': [params[n] for n in decayed], 'weight_decay': weight_decay},
+            {'params': [p for n, p in params.items() if n not in decayed], 'weight_decay': 0.0},
         ]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == 'cuda')
 

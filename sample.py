@@ -4,8 +4,9 @@ Generate text from a checkpoint of train.py.
     python sample.py --out_dir=out-cola-130m --start="The meaning of life" --num_samples=3 --max_new_tokens=200
     python sample.py --out_dir=out-cpu-tiny --start=FILE:prompt.txt --temperature=0.8 --top_k=200
 
-Full-rank, CoLA and CoLA-M checkpoints all work: CoLA-M only changes what training keeps for
-backward, so the same weights generate the same text. Decoding uses the encoding the training data
+Every checkpoint works: CoLA-M only changes what training keeps for backward, so the same weights
+generate the same text; a DLR model is folded into a plain CoLA model first (exact); a TSVD model
+generates from its factors at the ranks training reached. Decoding uses the encoding the training data
 was made with (recorded in the checkpoint: gpt2 or byte). The generation benchmark is in bench.py.
 """
 
@@ -17,6 +18,7 @@ import torch
 from configurator import configure, public_settings
 from model import ModelConfig, Transformer, load_checkpoint
 from prepare import get_encoding, load_meta
+from tsvd import match_ranks
 
 # ----------------------------------------------------------------------------- config
 out_dir = 'out'
@@ -42,8 +44,9 @@ def load_model(out_dir):
         raise SystemExit(f"{path} was trained on encoding={enc.name!r} tokens but {data_dir}/ now holds "
                          f"{load_meta(data_dir)['encoding']!r} tokens: which vocabulary to decode with is unclear")
     model = Transformer(ModelConfig(**checkpoint['model_config']))
+    match_ranks(model, checkpoint['model'])  # TSVD: the ranks training had reached
     model.load_state_dict(checkpoint['model'])
-    return model, enc
+    return model.fold_dlr(), enc  # DLR's residual folded into B: a plain CoLA model, the same outputs
 
 
 def read_prompt(start):

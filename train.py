@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import configure, public_settings
+import tsvd
 from model import ModelConfig, Transformer, load_checkpoint
 from prepare import load_meta, read_shard, write_durably
 
@@ -39,6 +40,7 @@ log_interval = 10
 init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
 always_save_checkpoint = True  # the latest state, at every evaluation
 keep_best = True  # also keep the state with the best validation loss as best.pt
+keep_checkpoints = False  # also keep every evaluation's state as ckpt_{iter}.pt: a trajectory for analyze.py
 wandb_log = False
 wandb_project = 'nanocola'
 wandb_run_name = 'run'
@@ -54,6 +56,10 @@ n_embd = 512
 intermediate_size = 1376
 rank = 128
 only_lr_act = False
+dlr_alpha = 0.0  # DLR: > 0 switches on the latent residual (paper: 1.0)
+dlr_scope = 'all'
+mlp = 'swiglu'  # or 'elas': squared-ReLU MLP with 2:4 activation sparsity
+layer = 'cola'  # or 'tsvd': orthonormal truncated-SVD projections whose rank shrinks (tsvd.py)
 norm_eps = 1e-6
 rope_theta = 10000.0
 checkpointing = 'none'
@@ -68,6 +74,10 @@ weight_decay = 0.01
 beta1 = 0.9
 beta2 = 0.999
 grad_clip = 0.5
+elas_warmup_iters = 1000  # ELAS: dense steps before 2:4 sparsity switches on (the paper's 1000 of 10,000)
+tsvd_interval = 1000  # TSVD: adapt the ranks every this many steps
+tsvd_energy = 0.98  # TSVD: each layer keeps the smallest rank holding this fraction of its spectrum's energy
+tsvd_min_rank = 16
 # system
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # 'float32' or 'bfloat16'
@@ -79,10 +89,11 @@ PEAK_FLOPS = {'A100': 312e12, 'H100': 989e12, 'H200': 989e12}  # dense bf16 per 
 
 config = configure(public_settings(globals()), sys.argv[1:])
 globals().update(config)
-for name in ('batch_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_tokens', 'log_interval', 'dist_timeout_s'):
+for name in ('batch_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_tokens', 'log_interval', 'dist_timeout_s',
+             'tsvd_interval', 'tsvd_min_rank'):
     if config[name] < 1:
         raise SystemExit(f"{name}={config[name]}: expected a positive number")
-for name in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'min_lr', 'weight_decay', 'grad_clip'):
+for name in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'min_lr', 'weight_decay', 'grad_clip', 'elas_warmup_iters'):
     if config[name] < 0:
         raise SystemExit(f"{name}={config[name]}: expected 0 or more")
 for name, allowed in [('dtype', ('float32', 'bfloat16')), ('parallel', ('ddp', 'fsdp')), ('init_from', ('scratch', 'resume'))]:
@@ -90,6 +101,11 @@ for name, allowed in [('dtype', ('float32', 'bfloat16')), ('parallel', ('ddp', '
         raise SystemExit(f"{name}={config[name]!r}: expected one of {allowed}")
 if not learning_rate > 0:
     raise SystemExit(f"learning_rate={learning_rate}: expected a positive number")
+if not 0 < tsvd_energy <= 1:
+    raise SystemExit(f"tsvd_energy={tsvd_energy}: expected a fraction in (0, 1]")
+if layer == 'tsvd' and parallel == 'fsdp':
+    raise SystemExit("layer='tsvd' with parallel='fsdp': TSVD's rank changes reshape the parameters, which FSDP2's "
+                     "shards do not follow; use parallel='ddp'")
 if device.split(':')[0] not in ('cpu', 'cuda') or (device.startswith('cuda') and not torch.cuda.is_available()):
     raise SystemExit(f"device={device!r}: expected 'cpu', or 'cuda' / 'cuda:N' on a machine with a CUDA GPU")
 
@@ -202,6 +218,8 @@ except ValueError as e:
     raise SystemExit(str(e)) from None
 with torch.device(device):  # built where it runs (a 7b model would not fit in 8 copies in host memory)
     model = raw_model = Transformer(model_config)
+if checkpoint is not None:
+    tsvd.match_ranks(raw_model, checkpoint['model'])  # the TSVD ranks the run had reached
 log(f"{raw_model.num_params() / 1e6:.2f}M non-embedding parameters ({raw_model.num_params(False) / 1e6:.2f}M in all), "
     f"{tokens_per_step:,} tokens per step = {batch_size} x {block_size} x {gradient_accumulation_steps} x {world_size}")
 
@@ -229,10 +247,18 @@ if checkpoint is not None:
         torch.cuda.set_rng_state(checkpoint['rng']['cuda'])
     log(f"resumed from {checkpoint_path} at iter {iter_num}")
     checkpoint = None  # free the memory
-if compile_model:
-    model = torch.compile(model)
-if distributed and parallel == 'ddp':
-    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
+core = torch.compile(raw_model) if compile_model else raw_model
+
+
+def wrap(core):
+    """The model the loop calls: under DDP a wrapper that all-reduces gradients, built around the
+    parameters' shapes (so rebuilt when TSVD changes them)."""
+    if distributed and parallel == 'ddp':
+        return DDP(core, device_ids=[local_rank] if device_type == 'cuda' else None)
+    return core
+
+
+model = wrap(core)
 
 
 def get_lr(it):
@@ -340,10 +366,11 @@ start_iter = timed_from = iter_num  # timed_from: the step where the current tim
 process_start = t0 = time.time()
 x, y = train_batch(data_position, 0)  # the first micro-batch; each next one loads while the current one computes
 while True:
-    # 1. the learning rate of this step
+    # 1. the learning rate of this step, and ELAS's sparsity (off during its dense warm-up)
     lr = get_lr(iter_num)
     for group in optimizer.param_groups:
         group['lr'] = lr
+    raw_model.set_sparsity(iter_num >= elas_warmup_iters)
 
     # 2. evaluate and checkpoint, every eval_interval steps and at the end
     if iter_num % eval_interval == 0 or iter_num >= max_iters:
@@ -352,6 +379,8 @@ while True:
         log(f"iter {iter_num}: val loss {val_loss:.4f}, perplexity {math.exp(min(val_loss, 50)):.2f}")
         record({'iter': iter_num, 'val_loss': val_loss, 'val_ppl': math.exp(min(val_loss, 50))})
         if iter_num > start_iter:
+            if keep_checkpoints:  # (not at iter 0: saving AdamW's state before its first step would start it)
+                save_checkpoint(os.path.join(out_dir, f'ckpt_{iter_num}.pt'))
             if val_loss < best_val_loss:
                 best_val_loss = val_loss
                 if keep_best:
@@ -373,13 +402,24 @@ while True:
         (loss / gradient_accumulation_steps).backward()
         step_loss += loss.detach() / gradient_accumulation_steps
 
-    # 4. clip, step, advance
+    # 4. clip, step, advance; TSVD: U and V back to orthonormal, and every tsvd_interval steps new ranks
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     iter_num += 1
     data_position += sequences_per_step
     flops_spent += flops_per_step
+    if layer == 'tsvd':
+        tsvd.retract(raw_model)
+        if iter_num % tsvd_interval == 0:
+            ranks = tsvd.adapt_ranks(raw_model, optimizer, tsvd_energy, tsvd_min_rank)
+            model = wrap(core)  # DDP around the new shapes
+            flops_per_step = raw_model.flops_per_token(block_size) * tokens_per_step
+            log(f"iter {iter_num}: TSVD ranks {min(ranks)}..{max(ranks)} (mean {sum(ranks) / len(ranks):.1f}), "
+                f"{raw_model.num_params() / 1e6:.3f}M non-embedding parameters, {flops_per_step / tokens_per_step / 1e6:.2f} "
+                f"MFLOPs per token (+{tsvd.retraction_flops(raw_model) / 1e6:.2f} MFLOPs per step to retract)")
+            record({'iter': iter_num, 'tsvd_ranks': ranks, 'model_params': raw_model.num_params(False),
+                    'flops_per_token': flops_per_step / tokens_per_step})
 
     # 5. log
     if iter_num % log_interval == 0 or iter_num == max_iters:
@@ -399,7 +439,8 @@ while True:
             + (f", MFU {mfu:.1%}" if mfu else '') + (f", peak memory {memory:.1f} GiB" if memory else '')
             + f", eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m")
         record({'iter': iter_num, 'loss': loss_value, 'lr': lr, 'grad_norm': grad_norm.item(), 'ms_per_iter': dt * 1000,
-                'tokens_per_s': tokens_per_step / dt, 'mfu': mfu, 'peak_memory_gib': memory})
+                'tokens_per_s': tokens_per_step / dt, 'mfu': mfu, 'peak_memory_gib': memory,
+                'sparse_24': raw_model.blocks[0].mlp.sparse})
 
 if distributed:  # drop the wrapped model and line the processes up before tearing down (clean exit with gloo)
     del model

@@ -10,3 +10,4 @@ max_iters = lr_decay_iters = 300
 warmup_iters = 30
 eval_interval, eval_tokens, log_interval = 100, 32768, 10
 device, dtype, compile_model = 'cpu', 'float32', False
+tsvd_interval = 30  # with --layer=tsvd: new ranks every 10% of the steps

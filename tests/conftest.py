@@ -1,4 +1,5 @@
 import os
+import random
 
 import pytest
 
@@ -14,6 +15,7 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault('TRITON_INTERPRET', '1')
 import kernels  # noqa: E402
+from helpers import run  # noqa: E402
 from model import ModelConfig  # noqa: E402
 
 # The one tiny model of the tests, and the same shapes as train.py settings.
@@ -54,3 +56,16 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if 'cuda' in item.keywords:
                 item.add_marker(pytest.mark.skip(reason='needs a CUDA GPU'))
+
+
+@pytest.fixture(scope='module')
+def data(tmp_path_factory):
+    """A folder holding byte shards (data/) of a small made-up corpus (corpus.txt): sentences from a
+    tiny grammar, easy to start learning."""
+    folder = tmp_path_factory.mktemp('train')
+    rng = random.Random(0)
+    subjects, verbs, objects = ['the cat', 'a dog', 'my friend', 'the king'], ['sees', 'likes', 'finds'], ['the sea', 'a bird', 'bread']
+    with open(folder / 'corpus.txt', 'w') as f:
+        f.write(' '.join(f'{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}.' for _ in range(8000)))
+    run(folder, 'prepare.py', '--input_files=corpus.txt', '--encoding=byte', '--out_dir=data', '--val_tokens=4096')
+    return folder

@@ -1,4 +1,5 @@
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -37,3 +38,10 @@ def digest(folder):
             path = os.path.join(base, f)
             out[os.path.relpath(path, folder)] = hashlib.sha1(open(path, 'rb').read()).hexdigest()
     return out
+
+
+def train_log(folder):
+    """Train and val losses by iter; a later record of an iter (a resumed run's) replaces an earlier one."""
+    records = [json.loads(line) for line in open(os.path.join(folder, 'log.jsonl'))]
+    losses = {r['iter']: r['loss'] for r in records if 'loss' in r}
+    return losses, {r['iter']: r['val_loss'] for r in records if 'val_loss' in r}

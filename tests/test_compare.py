@@ -4,7 +4,6 @@ import os
 from helpers import run
 
 
-
 def test_compare_runs_end_to_end_and_its_table_comes_from_the_logs(tmp_path):
     (tmp_path / 'text.txt').write_text('the quick brown fox jumps over the lazy dog. ' * 400)
     run(tmp_path, 'prepare.py', '--input_files=text.txt', '--encoding=byte', '--out_dir=data', '--val_tokens=2000')
@@ -12,20 +11,23 @@ def test_compare_runs_end_to_end_and_its_table_comes_from_the_logs(tmp_path):
             '--rank=8', '--block_size=32', '--batch_size=4', '--max_iters=20', '--warmup_iters=2', '--eval_interval=10',
             '--eval_tokens=512', '--full_rank_lrs=(1e-3,)', '--cola_lrs=(3e-3,1e-2)']
     r = run(tmp_path, 'compare.py', *args)
-    assert 'run 1 of 4, full-rank-lr0.001: training' in r.stdout and 'run 4 of 4, cola-m-lr' in r.stdout
+    assert 'run 1 of 7, full-rank-lr0.001: training' in r.stdout and 'run 7 of 7, tsvd-lr0.001' in r.stdout
     runs = ['full-rank-lr0.001', 'cola-lr0.003', 'cola-lr0.01']
     logs = {name: [json.loads(line) for line in open(tmp_path / 'cmp' / name / 'log.jsonl')] for name in runs}
     best_cola = min(runs[1:], key=lambda name: logs[name][-1]['val_loss'])
     colam = 'cola-m-lr' + best_cola.split('lr')[1]
-    logs[colam] = [json.loads(line) for line in open(tmp_path / 'cmp' / colam / 'log.jsonl')]
+    for name in [method + '-lr' + best_cola.split('lr')[1] for method in ('cola-m', 'dlr', 'elas')] + ['tsvd-lr0.001']:
+        logs[name] = [json.loads(line) for line in open(tmp_path / 'cmp' / name / 'log.jsonl')]
     table = (tmp_path / 'cmp' / 'compare.md').read_text()
-    rows = {line.split('|')[1].strip(): [c.strip() for c in line.split('|')[2:-1]] for line in table.splitlines()
-            if line.startswith('| ') and not line.startswith('| run')}
+    rows = {line.split('|')[1].strip(): [c.strip() for c in line.split('|')[2:-1]]
+            for line in table.split('\n\n')[0].splitlines() if line.startswith('| ') and not line.startswith('| run')}
     assert set(rows) == set(logs)
     for name, log in logs.items():
         final = [r for r in log if 'val_loss' in r][-1]
         assert final['iter'] == 20 and rows[name][1] == f"{final['val_loss']:.4f}"
-        assert rows[name][3] == f"{log[0]['model_params'] / 1e6:.2f}"
+        last_shape = [r for r in log if 'model_params' in r][-1]  # TSVD: after its last rank change
+        assert rows[name][3] == f"{last_shape['model_params'] / 1e6:.2f}"
+    assert 'tsvd-lr0.001: mean rank per projection type after each adaptation' in table
     assert rows[colam][1] == rows[best_cola][1]  # CoLA-M reproduces CoLA
     png = tmp_path / 'cmp' / 'compare.png'
     try:

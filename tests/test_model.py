@@ -22,7 +22,11 @@ def build(config, seed=0, device=None):
 
 def closed_form_non_embedding(c):
     d, f, r, L = c.n_embd, c.intermediate_size, c.rank, c.n_layer
-    per_layer = 11 * d * r + 3 * r * f + 2 * d if r else 4 * d * d + 3 * d * f + 2 * d
+    if c.mlp == 'elas':  # up and down, 1.5 f wide (a multiple of 4), no gate
+        h = int(1.5 * f) // 4 * 4
+        per_layer = 8 * d * r + 2 * r * (d + h) + 2 * d if r else 4 * d * d + 2 * d * h + 2 * d
+    else:
+        per_layer = 11 * d * r + 3 * r * f + 2 * d if r else 4 * d * d + 3 * d * f + 2 * d
     return L * per_layer + d
 
 

@@ -1,6 +1,5 @@
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -10,28 +9,9 @@ import numpy as np
 import pytest
 from conftest import TINY_TRAIN as TINY
 from conftest import needs_gpt2
-from helpers import ROOT, digest, refused, run
+from helpers import ROOT, digest, refused, run, train_log
 
 from prepare import write_shard
-
-
-@pytest.fixture(scope='module')
-def data(tmp_path_factory):
-    """Byte shards of a small made-up corpus: sentences from a tiny grammar, easy to start learning."""
-    folder = tmp_path_factory.mktemp('train')
-    rng = random.Random(0)
-    subjects, verbs, objects = ['the cat', 'a dog', 'my friend', 'the king'], ['sees', 'likes', 'finds'], ['the sea', 'a bird', 'bread']
-    with open(folder / 'corpus.txt', 'w') as f:
-        f.write(' '.join(f'{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}.' for _ in range(8000)))
-    run(folder, 'prepare.py', '--input_files=corpus.txt', '--encoding=byte', '--out_dir=data', '--val_tokens=4096')
-    return folder
-
-
-def train_log(folder):
-    """Train and val losses by iter; a later record of an iter (a resumed run's) replaces an earlier one."""
-    records = [json.loads(line) for line in open(os.path.join(folder, 'log.jsonl'))]
-    losses = {r['iter']: r['loss'] for r in records if 'loss' in r}
-    return losses, {r['iter']: r['val_loss'] for r in records if 'val_loss' in r}
 
 
 def test_tiny_run_loss_falls(data):

@@ -1,0 +1,386 @@
+"""
+What trained low-rank models converge to, beyond their loss: CoLA's low-rank-activation observation
+and the "Beyond Perplexity" geometry (arXiv 2605.13652), measured on train.py's checkpoints.
+
+    python analyze.py --runs=out-compare/full-rank-lr0.001,out-compare/cola-lr0.001 --reference=out-compare/full-rank-lr0.001
+    python analyze.py --runs=out-a --landscape=False --directions=20     # every metric has a switch and a size
+
+For each run (its out_dir/ckpt.pt, and its ckpt_{iter}.pt series when train.py ran with
+keep_checkpoints=True), on the first eval_tokens tokens of the validation split of the run's data:
+- activations: for each projection type and layer, the singular values of its outputs over
+  activation_tokens tokens: the ranks holding 90/95/99% of the energy (sum s^2) and the effective
+  rank exp(entropy(s / sum s)); for CoLA also of its r-wide latent z = x @ A (CoLA's observation is
+  that a full-rank model's outputs are effectively low rank);
+- weights: per matrix (nn.Linear's W; CoLA's A, B and their product A @ B, the layer without its
+  non-linearity; TSVD's S, whose singular values are W's): rank (s > 1e-12), effective rank, stable
+  rank sum(s^2) / s_1^2, spectral gap (s_1 - s_2) / s_1, spectral norm s_1; averaged per run;
+- updates: the same for dW = W_t - W_{t-1} between consecutive checkpoints, with ||dW||_F and
+  ||dW||_F / ||W_{t-1}||_F;
+- landscape: the loss at theta + t d along `directions` random directions (a Gaussian per parameter,
+  unnormalised as in the paper's code, or filter-normalised) on a grid of t in [-t_max, t_max], and
+  the expected sharpness ES = mean over t > 0 of (L(t) + L(-t)) / 2 - L(0); and along each matrix's
+  top-k singular directions s_k u_k v_k^T (all matrices at once, vectors and norms held still);
+- interpolation: the loss at (1 - a) theta_t + a theta_{t+1} between consecutive checkpoints, at
+  `alphas` points, and the barrier max_a L(a) - (L(0) + L(1)) / 2;
+- similarity to the reference run: per layer (after the embedding and after each block), linear CKA
+  on column-centred hidden states, mean cosine and relative L2.
+Writes out_dir/analysis.json, out_dir/analysis.md and, with matplotlib, out_dir/landscape.png and
+out_dir/cka.png.
+"""
+
+import glob
+import json
+import os
+import re
+import sys
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from compare import pyplot
+from configurator import configure, public_settings
+from model import CoLALinear, ModelConfig, Transformer, load_checkpoint
+from prepare import load_meta, read_shard
+from tsvd import TSVDLinear, match_ranks
+
+# ----------------------------------------------------------------------------- config
+runs = ''  # comma-separated out_dirs of train.py runs
+reference = ''  # an out_dir to compare hidden states with ('' = no similarity)
+out_dir = 'analysis'
+data_dir = ''  # '' = each run's own data_dir
+eval_tokens = 65536  # the loss of each point of a landscape or interpolation: exact mean over these tokens
+batch_size = 8
+activations = True
+activation_tokens = 2048
+weights = True
+updates = True
+landscape = True
+directions = 5
+grid = 7  # points of t on [-t_max, t_max], odd so that it holds 0
+t_max = 0.003
+filter_norm = False  # filter-normalised directions (each row of d scaled to its weight row's norm)
+top_k = 3  # singular directions u_k v_k^T for k = 1 .. top_k (0: off)
+interpolation = True
+alphas = 21
+similarity = True
+device = 'cpu'
+seed = 0
+
+
+# ----------------------------------------------------------------------------- metrics
+
+def energy_rank(s, fraction):
+    """The smallest k with sum(s[:k]^2) >= fraction * sum(s^2), for s in descending order."""
+    energy = np.cumsum(np.asarray(s, dtype=np.float64) ** 2)
+    return int(np.searchsorted(energy, fraction * energy[-1] * (1 - 1e-12))) + 1
+
+
+def spectrum(s):
+    """Statistics of singular values s (descending)."""
+    s = np.asarray(s, dtype=np.float64)
+    p = s / s.sum() if s.sum() > 0 else s
+    nonzero = p[p > 0]
+    return {'rank': int((s > 1e-12).sum()), 'effective_rank': float(np.exp(-(nonzero * np.log(nonzero)).sum())),
+            'stable_rank': float((s ** 2).sum() / s[0] ** 2) if s[0] > 0 else 0.0,
+            'spectral_gap': float((s[0] - s[1]) / s[0]) if len(s) > 1 and s[0] > 0 else 0.0,
+            'spectral_norm': float(s[0]), 'rank_90': energy_rank(s, 0.9), 'rank_95': energy_rank(s, 0.95),
+            'rank_99': energy_rank(s, 0.99)}
+
+
+def singular_values(matrix):
+    return torch.linalg.svdvals(matrix.detach().double()).cpu().numpy()
+
+
+def linear_cka(X, Y):
+    """Linear CKA of X (n, p) and Y (n, q): ||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F), columns centred."""
+    X, Y = X.double() - X.double().mean(0), Y.double() - Y.double().mean(0)
+    return float((Y.T @ X).norm() ** 2 / ((X.T @ X).norm() * (Y.T @ Y).norm()))
+
+
+def expected_sharpness(losses):
+    """ES of losses on a symmetric grid with 0 at the centre: mean over k of (L(+k) + L(-k)) / 2 - L(0)."""
+    c = len(losses) // 2
+    return float(np.mean([(losses[c + k] + losses[c - k]) / 2 - losses[c] for k in range(1, c + 1)]))
+
+
+def barrier(losses):
+    """max over the interpolation of L(a) - (L(0) + L(1)) / 2."""
+    return float(max(losses) - (losses[0] + losses[-1]) / 2)
+
+
+# ----------------------------------------------------------------------------- the model's matrices
+
+def matrices(model):
+    """name -> 2-D weight matrix as the layer computes it (x @ M): nn.Linear's W^T, CoLA's A, B and
+    A @ B (its product without the non-linearity), TSVD's S (its singular values are W's)."""
+    out = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.startswith('blocks.'):
+            out[name] = module.weight.T
+        elif isinstance(module, CoLALinear):
+            out[name + '.A'], out[name + '.B'], out[name + '.A@B'] = module.A, module.B, module.A @ module.B
+        elif isinstance(module, TSVDLinear):
+            out[name + '.S'] = module.S
+    return out
+
+
+def projection_type(name):
+    return re.search(r'\.(q|k|v|o|gate|up|down)_proj', name).group(1)
+
+
+def mean_spectra(named):
+    """Per run: each statistic averaged over the matrices."""
+    stats = [spectrum(singular_values(m)) for m in named.values()]
+    return {k: float(np.mean([s[k] for s in stats])) for k in stats[0]}
+
+
+# ----------------------------------------------------------------------------- losses along paths
+
+class Loss:
+    """The exact mean loss per token over the first tokens of a validation split."""
+
+    def __init__(self, data_dir, tokens, block_size):
+        meta = load_meta(data_dir)
+        stream = np.concatenate([read_shard(os.path.join(data_dir, s)) for s in meta['splits']['val']['shards']])
+        n = min(tokens, len(stream) - 1) // block_size
+        if n == 0:
+            raise SystemExit(f"the val split of {data_dir}/ holds fewer than block_size={block_size} tokens")
+        window = torch.from_numpy(stream[:n * block_size + 1].astype(np.int64)).to(device)
+        self.x, self.y = window[:-1].view(n, block_size), window[1:].view(n, block_size)
+
+    @torch.no_grad()
+    def __call__(self, model):
+        total = 0.0
+        for i in range(0, len(self.x), batch_size):
+            _, loss = model(self.x[i:i + batch_size], self.y[i:i + batch_size])
+            total += loss.item() * self.y[i:i + batch_size].numel()
+        return total / self.y.numel()
+
+
+@torch.no_grad()
+def along(model, loss_fn, direction, ts):
+    """Losses at theta + t * direction (direction: a tensor per parameter, or None for 0) for t in ts;
+    the model's parameters are restored afterwards, bit for bit."""
+    params = [p for p in model.parameters()]
+    saved = [p.detach().clone() for p in params]
+    losses = []
+    for t in ts:
+        for p, p0, d in zip(params, saved, direction):
+            p.copy_(p0 if d is None else p0 + t * d)
+        losses.append(loss_fn(model))
+    for p, p0 in zip(params, saved):
+        p.copy_(p0)
+    return losses
+
+
+def random_direction(model, generator, normalise):
+    out = []
+    for p in model.parameters():
+        d = torch.randn(p.shape, generator=generator).to(p)
+        if normalise and p.dim() >= 2:  # filter-normalised: each row as long as the weight's row
+            d *= p.norm(dim=-1, keepdim=True) / d.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        elif normalise:
+            d *= p.norm() / d.norm().clamp_min(1e-12)
+        out.append(d)
+    return out
+
+
+def singular_direction(model, k):
+    """Direction s_k u_k v_k^T in every 2-D block weight at once (its k-th singular triple, scaled by its
+    singular value as one of the paper code's options, so that t is relative to the weight), 0 elsewhere."""
+    out = []
+    for name, p in model.named_parameters():
+        if p.dim() == 2 and name.startswith('blocks.') and min(p.shape) >= k:
+            U, s, Vh = torch.linalg.svd(p.detach().double(), full_matrices=False)
+            out.append((s[k - 1] * torch.outer(U[:, k - 1], Vh[k - 1])).to(p))
+        else:
+            out.append(None)
+    return out
+
+
+def interpolate(model, first, second, loss_fn, points):
+    """Losses at (1 - a) first + a second (two state dicts of model's shapes) for a in [0, 1]."""
+    losses = []
+    with torch.no_grad():
+        for a in np.linspace(0, 1, points):
+            model.load_state_dict({k: (1 - a) * first[k] + a * second[k] if first[k].is_floating_point() else first[k]
+                                   for k in first})
+            losses.append(loss_fn(model))
+    return losses
+
+
+# ----------------------------------------------------------------------------- activations
+
+@torch.no_grad()
+def outputs(model, idx):
+    """Per projection: its output activations (tokens, d_out), and for CoLA its latent z (tokens, r);
+    and the hidden states after the embedding and after each block (tokens, d)."""
+    captured, hidden, hooks = {}, [], []
+    for name, module in model.named_modules():
+        if isinstance(module, (torch.nn.Linear, CoLALinear, TSVDLinear)) and name.startswith('blocks.'):
+            def hook(module, args, output, name=name):
+                captured[name] = output.reshape(-1, output.size(-1))
+                if isinstance(module, CoLALinear):
+                    captured[name + '.z'] = module.down(args[0]).reshape(-1, module.A.size(1))
+            hooks.append(module.register_forward_hook(hook))
+    hooks.append(model.tok_emb.register_forward_hook(lambda m, a, out: hidden.append(out.reshape(-1, out.size(-1)))))
+    for block in model.blocks:
+        hooks.append(block.register_forward_hook(lambda m, a, out: hidden.append(out.reshape(-1, out.size(-1)))))
+    model(idx)
+    for h in hooks:
+        h.remove()
+    return captured, hidden
+
+
+# ----------------------------------------------------------------------------- one run
+
+def load_run(path):
+    """The model of a checkpoint file, in eval mode, with its config."""
+    checkpoint = load_checkpoint(path)
+    model = Transformer(ModelConfig(**{**checkpoint['model_config'], 'checkpointing': 'none'}))
+    match_ranks(model, checkpoint['model'])
+    model.load_state_dict(checkpoint['model'])
+    return model.to(device).eval(), checkpoint
+
+
+def series(run_dir):
+    """ckpt_{iter}.pt files of a run in order, or [] without keep_checkpoints."""
+    files = glob.glob(os.path.join(run_dir, 'ckpt_*.pt'))
+    return sorted(files, key=lambda f: int(re.search(r'ckpt_(\d+)\.pt$', f).group(1)))
+
+
+def analyze(run_dir, reference_hidden):
+    path = os.path.join(run_dir, 'ckpt.pt')
+    if not os.path.exists(path):
+        raise SystemExit(f"no checkpoint {path}: analyze.py reads train.py's out_dir")
+    model, checkpoint = load_run(path)
+    loss_fn = Loss(data_dir or checkpoint['config']['data_dir'], eval_tokens, model.config.block_size)
+    result = {'run': run_dir, 'iter': checkpoint['iter_num'], 'val_loss': loss_fn(model)}
+    captured, hidden = outputs(model, loss_fn.x[:max(1, activation_tokens // model.config.block_size)])
+    if activations:
+        table, widths = {}, {}
+        for name, acts in tqdm(captured.items(), desc='activation spectra', leave=False):
+            kind = projection_type(name) + (' z' if name.endswith('.z') else '')
+            table.setdefault(kind, []).append(spectrum(singular_values(acts)))
+            widths[kind] = acts.size(1)
+        result['activations'] = {kind: {'width': widths[kind], **{k: float(np.mean([s[k] for s in stats])) for k in stats[0]}}
+                                 for kind, stats in table.items()}
+    if weights:
+        result['weights'] = mean_spectra(matrices(model))
+    if updates and len(series(run_dir)) >= 2:
+        steps, previous = [], None
+        for file in tqdm(series(run_dir), desc='update spectra', leave=False):
+            current = {k: v.detach().clone() for k, v in matrices(load_run(file)[0]).items()}
+            if previous is not None and previous.keys() == current.keys() and all(previous[k].shape == current[k].shape for k in current):
+                dW = {k: current[k] - previous[k] for k in current}
+                stats = mean_spectra(dW)
+                stats['norm'] = float(np.mean([d.norm().item() for d in dW.values()]))
+                stats['relative_norm'] = float(np.mean([dW[k].norm().item() / previous[k].norm().item() for k in dW]))
+                steps.append({'iter': int(re.search(r'(\d+)\.pt$', file).group(1)), **stats})
+            previous = current
+        result['updates'] = steps
+    if landscape:
+        ts = np.linspace(-t_max, t_max, grid)
+        generator = torch.Generator().manual_seed(seed)
+        curves = [along(model, loss_fn, random_direction(model, generator, filter_norm), ts)
+                  for _ in tqdm(range(directions), desc='random directions', leave=False)]
+        sharpness = [expected_sharpness(c) for c in curves]
+        result['landscape'] = {'t': ts.tolist(), 'curves': curves, 'sharpness_mean': float(np.mean(sharpness)),
+                               'sharpness_std': float(np.std(sharpness))}
+        result['top_k'] = [{'k': k, 'sharpness': expected_sharpness(along(model, loss_fn, singular_direction(model, k), ts))}
+                           for k in tqdm(range(1, top_k + 1), desc='singular directions', leave=False)]
+    if interpolation and len(series(run_dir)) >= 2:
+        files, barriers = series(run_dir), []
+        for a, b in tqdm(list(zip(files, files[1:])), desc='interpolation', leave=False):
+            first, second = load_checkpoint(a)['model'], load_checkpoint(b)['model']
+            if all(first[k].shape == second[k].shape for k in first):  # TSVD: not across a rank change
+                match_ranks(model, first)
+                losses = interpolate(model, first, second, loss_fn, alphas)
+                barriers.append({'from': a, 'to': b, 'losses': losses, 'barrier': barrier(losses)})
+        result['interpolation'] = barriers
+    if similarity and reference_hidden is not None:
+        result['similarity'] = [{'layer': i, 'cka': linear_cka(h, r), 'cosine': float(torch.nn.functional.cosine_similarity(
+            h.double(), r.double(), dim=-1).mean()), 'relative_l2': float((h - r).double().norm() / r.double().norm())}
+            for i, (h, r) in enumerate(zip(hidden, reference_hidden))]
+    return result
+
+
+# ----------------------------------------------------------------------------- report
+
+def markdown(results):
+    lines = ['| run | iter | val loss | weight eff. rank | stable rank | sharpness (random) | sharpness (top-1) |',
+             '|---|---|---|---|---|---|---|']
+    for r in results:
+        w, land = r.get('weights', {}), r.get('landscape', {})
+        top1 = r['top_k'][0]['sharpness'] if r.get('top_k') else float('nan')
+        lines.append(f"| {r['run']} | {r['iter']} | {r['val_loss']:.4f} | {w.get('effective_rank', float('nan')):.1f} | "
+                     f"{w.get('stable_rank', float('nan')):.2f} | {land.get('sharpness_mean', float('nan')):.3g} "
+                     f"± {land.get('sharpness_std', float('nan')):.2g} | {top1:.3g} |")
+    for r in results:
+        if r.get('activations'):
+            lines += ['', f"Activation ranks of {r['run']} (mean over layers, over {activation_tokens} tokens):", '',
+                      '| output of | width | rank for 90% | 95% | 99% of the energy | effective rank |', '|---|---|---|---|---|---|']
+            lines += [f"| {kind} | {a['width']} | {a['rank_90']:.1f} | {a['rank_95']:.1f} | {a['rank_99']:.1f} | "
+                      f"{a['effective_rank']:.1f} |" for kind, a in r['activations'].items()]
+        if r.get('interpolation'):
+            lines += ['', f"{r['run']}: barriers between consecutive checkpoints: "
+                      + ', '.join(f"{b['barrier']:.3g}" for b in r['interpolation'])]
+        if r.get('similarity'):
+            lines += ['', f"{r['run']} against the reference, per layer (0: the embedding): CKA "
+                      + ', '.join(f"{s['cka']:.3f}" for s in r['similarity'])]
+    return '\n'.join(lines)
+
+
+def plots(results, folder):
+    plt = pyplot()
+    if plt is None:
+        return
+    if any('landscape' in r for r in results):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for r in (r for r in results if 'landscape' in r):
+            curves = np.array(r['landscape']['curves'])
+            mean = curves.mean(0)
+            line, = ax.plot(r['landscape']['t'], mean, label=os.path.basename(r['run']))
+            ax.fill_between(r['landscape']['t'], curves.min(0), curves.max(0), color=line.get_color(), alpha=0.2)
+        ax.set(xlabel='t (random direction)', ylabel='validation loss')
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(folder, 'landscape.png'), dpi=100)
+    if any(r.get('similarity') for r in results):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for r in (r for r in results if r.get('similarity')):
+            ax.plot([s['layer'] for s in r['similarity']], [s['cka'] for s in r['similarity']], marker='o',
+                    label=os.path.basename(r['run']))
+        ax.set(xlabel='layer (0: embedding)', ylabel='linear CKA with the reference')
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(folder, 'cka.png'), dpi=100)
+
+
+if __name__ == '__main__':
+    globals().update(configure(public_settings(globals()), sys.argv[1:]))
+    if not runs:
+        raise SystemExit("runs='': give --runs=out_dir1,out_dir2 (train.py out_dirs)")
+    if grid < 3 or grid % 2 == 0 or alphas < 2 or directions < 0 or top_k < 0:
+        raise SystemExit(f"grid={grid}, alphas={alphas}, directions={directions}, top_k={top_k}: expected an odd grid "
+                         f"of at least 3 points, at least 2 alphas, and directions, top_k >= 0")
+    torch.manual_seed(seed)
+    reference_hidden = None
+    if reference and similarity:  # the reference's hidden states on the same tokens
+        model, checkpoint = load_run(os.path.join(reference, 'ckpt.pt'))
+        tokens = Loss(data_dir or checkpoint['config']['data_dir'], eval_tokens, model.config.block_size).x
+        reference_hidden = outputs(model, tokens[:max(1, activation_tokens // model.config.block_size)])[1]
+    results = []
+    for run_dir in runs.split(','):
+        print(f"analysing {run_dir} ...", flush=True)
+        results.append(analyze(run_dir, reference_hidden))
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, 'analysis.json'), 'w') as f:
+        json.dump(results, f, indent=1)
+    table = markdown(results)
+    with open(os.path.join(out_dir, 'analysis.md'), 'w') as f:
+        f.write(table + '\n')
+    print(table)
+    plots(results, out_dir)
+    print(f"wrote {out_dir}/analysis.json, analysis.md and the plots")

@@ -1,0 +1,13 @@
+# DLR (CoLA with latent residuals, alpha 1) at CoLA-1B's recipe: the deltas from train.py's defaults.
+# torchrun --standalone --nproc_per_node=8 train.py config/dlr_1b.py
+# tokens per step: 8 GPUs x 16 sequences x 4 micro-steps x 256 tokens = 131,072; 100,000 steps = 13.11B tokens
+out_dir, wandb_run_name = 'out-dlr-1b', 'dlr-1b'
+n_layer, n_head, n_embd, intermediate_size = 24, 32, 2048, 5461
+rank = 512
+only_lr_act = True  # CoLA's own SiLU replaces SwiGLU's from 350m on
+batch_size, gradient_accumulation_steps = 16, 4
+learning_rate, min_lr = 0.002, 0.0002
+max_iters = lr_decay_iters = 100_000
+warmup_iters = 10_000
+parallel = 'fsdp'  # DDP's full replica with AdamW states does not fit a 40-80 GB GPU
+dlr_alpha = 1.0  # the paper's fixed alpha, on all seven projections

@@ -1,0 +1,96 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY, TINY_TRAIN
+from helpers import run, train_log
+
+from analyze import along, barrier, energy_rank, expected_sharpness, interpolate, linear_cka, random_direction, spectrum
+from model import Transformer
+
+
+def test_spectrum_statistics_of_known_singular_values():
+    s = np.array([4.0, 2.0, 1.0, 1.0, 0.0])
+    p = s[:4] / 8
+    stats = spectrum(s)
+    assert stats['rank'] == 4 and stats['spectral_norm'] == 4.0 and stats['spectral_gap'] == 0.5
+    assert stats['effective_rank'] == pytest.approx(np.exp(-(p * np.log(p)).sum()))
+    assert stats['stable_rank'] == pytest.approx(22 / 16)
+    # energies 16, 20, 21, 22 of 22: 90% (19.8) needs 2 values, 95% (20.9) 3, 99% (21.78) 4
+    assert (stats['rank_90'], stats['rank_95'], stats['rank_99']) == (2, 3, 4)
+    U, _ = torch.linalg.qr(torch.randn(10, 5, dtype=torch.float64))
+    V, _ = torch.linalg.qr(torch.randn(7, 5, dtype=torch.float64))
+    matrix = U @ torch.diag(torch.tensor(s)) @ V.T  # the same singular values, through an SVD
+    assert spectrum(torch.linalg.svdvals(matrix).numpy())['effective_rank'] == pytest.approx(stats['effective_rank'])
+    assert energy_rank([1.0] * 10, 0.9) == 9
+
+
+def test_linear_cka_is_one_on_itself_and_invariant_to_rotation_and_scaling():
+    torch.manual_seed(0)
+    X, Y = torch.randn(200, 16), torch.randn(200, 12)
+    Q, _ = torch.linalg.qr(torch.randn(16, 16))
+    assert linear_cka(X, X) == pytest.approx(1.0)
+    assert linear_cka(X @ Q * 3.7, X) == pytest.approx(1.0)
+    assert linear_cka(X @ Q, Y) == pytest.approx(linear_cka(X, Y)) and linear_cka(X, Y) < 0.5
+
+
+class Quadratic(torch.nn.Module):
+    """loss(theta) = 1/2 sum a_i theta_i^2, whose expected sharpness along d is mean_t 1/2 t^2 sum a_i d_i^2."""
+
+    def __init__(self):
+        super().__init__()
+        self.theta = torch.nn.Parameter(torch.zeros(6))
+        self.a = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+
+    def loss(self, model):
+        return float(0.5 * (self.a * self.theta.detach() ** 2).sum())
+
+
+def test_sharpness_of_a_quadratic_and_the_landscape_leaves_the_weights_unchanged():
+    q = Quadratic()
+    d = torch.randn(6)
+    ts = np.linspace(-0.5, 0.5, 7)
+    losses = along(q, q.loss, [d], ts)
+    curvature = float(0.5 * (q.a * d ** 2).sum())
+    assert expected_sharpness(losses) == pytest.approx(curvature * np.mean(ts[4:] ** 2), rel=1e-5)
+    model = Transformer(TINY)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    along(model, lambda m: 0.0, random_direction(model, torch.Generator().manual_seed(0), normalise=True), ts)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_interpolation_endpoints_are_the_checkpoints_losses():
+    idx = torch.randint(0, 96, (4, 32))
+
+    def loss_fn(model):
+        with torch.no_grad():
+            return model(idx, idx)[1].item()
+    torch.manual_seed(0)
+    first, second = Transformer(TINY).eval(), Transformer(TINY).eval()
+    losses = interpolate(Transformer(TINY).eval(), first.state_dict(), second.state_dict(), loss_fn, 5)
+    assert losses[0] == loss_fn(first) and losses[-1] == loss_fn(second)
+    assert barrier([1.0, 3.0, 2.0]) == 1.5
+
+
+def test_analyze_py_end_to_end_on_two_tiny_runs(data):
+    common = [*TINY_TRAIN, '--data_dir=data', '--max_iters=9', '--eval_interval=3']
+    run(data, 'train.py', *common, '--out_dir=an_full', '--rank=0', '--keep_checkpoints')
+    run(data, 'train.py', *common, '--out_dir=an_cola', '--keep_checkpoints')
+    run(data, 'train.py', *common, '--out_dir=an_cola_plain')
+    assert sorted(p.name for p in (data / 'an_cola').glob('ckpt_*.pt')) == ['ckpt_3.pt', 'ckpt_6.pt', 'ckpt_9.pt']
+    assert train_log(data / 'an_cola') == train_log(data / 'an_cola_plain')  # keeping them changes nothing
+    r = run(data, 'analyze.py', '--runs=an_full,an_cola', '--reference=an_full', '--out_dir=an', '--eval_tokens=1024',
+            '--directions=2', '--grid=3', '--top_k=1', '--alphas=3', '--activation_tokens=256')
+    results = json.load(open(data / 'an' / 'analysis.json'))
+    full, cola = results
+    assert full['similarity'][0]['cka'] == pytest.approx(1.0) and len(cola['similarity']) == 3  # embedding + 2 blocks
+    assert {'q', 'down', 'q z', 'down z'} <= cola['activations'].keys() and cola['activations']['q z']['width'] == 16
+    assert len(cola['updates']) == 2 and len(cola['interpolation']) == 2 and len(cola['landscape']['curves']) == 2
+    assert cola['interpolation'][0]['losses'][-1] == pytest.approx(cola['interpolation'][1]['losses'][0])
+    assert '| an_cola |' in r.stdout and (data / 'an' / 'analysis.md').exists()
+    try:
+        import matplotlib  # noqa: F401
+        assert (data / 'an' / 'landscape.png').exists() and (data / 'an' / 'cka.png').exists()
+    except ImportError:
+        pass
