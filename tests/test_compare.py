@@ -38,3 +38,13 @@ def test_compare_runs_end_to_end_and_its_table_comes_from_the_logs(tmp_path):
     before = {name: os.path.getmtime(tmp_path / 'cmp' / name / 'log.jsonl') for name in logs}
     run(tmp_path, 'compare.py', *args)  # finished runs are not run again
     assert before == {name: os.path.getmtime(tmp_path / 'cmp' / name / 'log.jsonl') for name in logs}
+
+
+def test_a_resumed_log_keeps_the_redone_steps_records(tmp_path):
+    from compare import read_log
+    records = [{'config': {}}, {'iter': 10, 'loss': 3.0}, {'iter': 10, 'val_loss': 3.1}, {'iter': 20, 'loss': 2.0},
+               {'iter': 20, 'val_loss': 2.5},  # the run stopped after iter 20, its last checkpoint is at 10
+               {'config': {}}, {'resumed_at': 10}, {'iter': 10, 'val_loss': 3.1}, {'iter': 20, 'loss': 2.2}]
+    (tmp_path / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
+    kept = read_log(tmp_path / 'log.jsonl')
+    assert kept == records[:2] + [records[5], records[7], records[8]]
