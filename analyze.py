@@ -141,8 +141,12 @@ class Loss:
     """The exact mean loss per token over the first tokens of a validation split."""
 
     def __init__(self, data_dir, tokens, block_size):
-        meta = load_meta(data_dir)
-        stream = np.concatenate([read_shard(os.path.join(data_dir, s)) for s in meta['splits']['val']['shards']])
+        parts = []  # the split's first tokens + 1, read from as few shards as that takes
+        for shard in load_meta(data_dir)['splits']['val']['shards']:
+            parts.append(read_shard(os.path.join(data_dir, shard))[:tokens + 1 - sum(map(len, parts))])
+            if sum(map(len, parts)) == tokens + 1:
+                break
+        stream = np.concatenate(parts)
         n = min(tokens, len(stream) - 1) // block_size
         if n == 0:
             raise SystemExit(f"the val split of {data_dir}/ holds fewer than block_size={block_size} tokens")
@@ -292,8 +296,9 @@ def analyze(run_dir, reference_hidden):
                            for k in tqdm(range(1, top_k + 1), desc='singular directions', leave=False)]
     if interpolation and len(series(run_dir)) >= 2:
         files, barriers = series(run_dir), []
+        second = load_checkpoint(files[0])['model']
         for a, b in tqdm(list(zip(files, files[1:])), desc='interpolation', leave=False):
-            first, second = load_checkpoint(a)['model'], load_checkpoint(b)['model']
+            first, second = second, load_checkpoint(b)['model']  # each checkpoint read once
             if all(first[k].shape == second[k].shape for k in first):  # TSVD: not across a rank change
                 match_ranks(model, first)
                 losses = interpolate(model, first, second, loss_fn, alphas)

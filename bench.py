@@ -214,9 +214,10 @@ def markdown(rows):
 
 def config_shape(path, **overrides):
     """The ModelConfig of a config file: train.py's defaults, then the file's values, then overrides."""
+    from_file = read_config_file(path)
     settings = {k: v.default for k, v in ModelConfig.__dataclass_fields__.items()}
-    settings.update({k: v for k, v in read_config_file(path).items() if k in settings}, **overrides)
-    return ModelConfig(**settings), read_config_file(path)
+    settings.update({k: v for k, v in from_file.items() if k in settings}, **overrides)
+    return ModelConfig(**settings), from_file
 
 
 def params_table(paths):

@@ -25,8 +25,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import configure, public_settings
 import tsvd
+from configurator import configure, public_settings
 from model import ModelConfig, Transformer, load_checkpoint
 from prepare import load_meta, read_shard, write_durably
 
