@@ -3,7 +3,7 @@ CoLA against full-rank on the same data, side by side: does CoLA reach full-rank
 compute, does CoLA-M reproduce CoLA's curve with less memory, and what do DLR and ELAS add?
 
     python prepare.py --input_files=assets/tinyshakespeare.txt --encoding=byte --out_dir=data/tiny
-    python compare.py                        # the CPU default: about 20 minutes on 2 cores
+    python compare.py                        # the CPU default: about 35 minutes on 2 cores
     python compare.py config/compare_60m.py  # 60m shapes on C4 shards, one GPU
 
 Every run is train.py on the same prepared data, with the same shapes, steps, schedule and token
