@@ -84,7 +84,7 @@ dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # 'float32' or '
 compile_model = torch.cuda.is_available()
 parallel = 'ddp'  # 'ddp' (full replica per GPU) or 'fsdp' (FSDP2: parameters, grads, AdamW states sharded)
 dist_timeout_s = 600  # a process that waits longer than this for the others stops the run
-seed = 1337
+seed = 1337  # the model's init and the order of the training sequences
 PEAK_FLOPS = {'A100': 312e12, 'H100': 989e12, 'H200': 989e12}  # dense bf16 per GPU, for MFU
 
 config = configure(public_settings(globals()), sys.argv[1:])
@@ -93,7 +93,7 @@ for name in ('batch_size', 'gradient_accumulation_steps', 'eval_interval', 'eval
              'tsvd_interval', 'tsvd_min_rank'):
     if config[name] < 1:
         raise SystemExit(f"{name}={config[name]}: expected a positive number")
-for name in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'min_lr', 'weight_decay', 'grad_clip', 'elas_warmup_iters'):
+for name in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'min_lr', 'weight_decay', 'grad_clip', 'elas_warmup_iters', 'seed'):
     if config[name] < 0:
         raise SystemExit(f"{name}={config[name]}: expected 0 or more")
 for name, allowed in [('dtype', ('float32', 'bfloat16')), ('parallel', ('ddp', 'fsdp')), ('init_from', ('scratch', 'resume'))]:
@@ -136,10 +136,13 @@ def log(*args):
 
 # ----------------------------------------------------------------------------- data
 class TokenStream:
-    """A split's shards as one stream of tokens. Sequence i is tokens [i*T, (i+1)*T] (T+1 tokens:
-    inputs and the targets shifted by one); past the end, the stream starts over."""
+    """A split's shards as one stream of tokens, cut into sequences of T+1 tokens (inputs and the targets
+    shifted by one): sequence j of the split is tokens [j*T, (j+1)*T], j < N = (tokens - 1) // T.
+    Evaluation reads the val split's sequences in order from its start. Training reads the train split
+    in passes: the i-th sequence read is sequence order_p[i mod N] with p = i // N and order_p a random
+    permutation seeded by (seed, p), so each pass reads every sequence once, in an order of its own."""
 
-    def __init__(self, split):
+    def __init__(self, split, shuffled):
         self.shards = []
         for name in meta['splits'][split]['shards']:
             path = os.path.join(data_dir, name)
@@ -153,24 +156,31 @@ class TokenStream:
                                  f"of {meta['vocab_size']} tokens that {data_dir}/meta.json records")
             self.shards.append(tokens)
         self.starts = np.cumsum([0] + [len(s) for s in self.shards])
-        if self.starts[-1] < block_size + 1:
+        self.n_sequences = (self.starts[-1] - 1) // block_size
+        if self.n_sequences < 1:
             raise SystemExit(f"block_size={block_size} is longer than the {split} split of {data_dir}/ "
                              f"({self.starts[-1]:,} tokens)")
+        self.shuffled, self.order_pass, self.order = shuffled, None, None
 
-    def tokens(self, start, n):
-        out = []
+    def sequence(self, i):
+        """The T+1 tokens of the i-th sequence read, across shard boundaries."""
+        p, j = divmod(i, self.n_sequences)
+        if self.shuffled:
+            if self.order_pass != p:  # a new pass (or a resume): its permutation, made once
+                self.order_pass, self.order = p, np.random.default_rng([seed, p]).permutation(self.n_sequences)
+            j = self.order[j]
+        start, n, out = j * block_size, block_size + 1, []
         while n > 0:
-            start %= self.starts[-1]
-            i = np.searchsorted(self.starts, start, side='right') - 1
-            piece = self.shards[i][start - self.starts[i]:][:n]
+            shard = np.searchsorted(self.starts, start, side='right') - 1
+            piece = self.shards[shard][start - self.starts[shard]:][:n]
             out.append(piece)
             start, n = start + len(piece), n - len(piece)
         return np.concatenate(out)
 
-    def batch(self, first_sequence, n_sequences):
-        """Inputs and targets (n_sequences, T) of consecutive sequences, on device (asynchronously on CUDA)."""
-        window = torch.from_numpy(self.tokens(first_sequence * block_size, n_sequences * block_size + 1).astype(np.int64))
-        x, y = window[:-1].view(n_sequences, block_size), window[1:].view(n_sequences, block_size)
+    def batch(self, first, n):
+        """Inputs and targets (n, T) of the sequences read first, first + 1, ..., on device (asynchronously on CUDA)."""
+        rows = torch.from_numpy(np.stack([self.sequence(i) for i in range(first, first + n)]).astype(np.int64))
+        x, y = rows[:, :-1], rows[:, 1:]
         if device_type == 'cuda':
             return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
         return x, y
@@ -182,10 +192,10 @@ if not os.path.exists(os.path.join(data_dir, 'meta.json')):
 meta = load_meta(data_dir)
 if not {'train', 'val'} <= meta['splits'].keys():
     raise SystemExit(f"{data_dir}/ is not finished: rerun the prepare.py command that made it (it resumes)")
-train_data, val_data = TokenStream('train'), TokenStream('val')
+train_data, val_data = TokenStream('train', shuffled=True), TokenStream('val', shuffled=False)
 # The validation budget: whole batches on every process, never more than the val split holds.
 eval_batches = min(max(1, eval_tokens // (batch_size * block_size * world_size)),
-                   (val_data.starts[-1] - 1) // (batch_size * block_size * world_size))
+                   val_data.n_sequences // (batch_size * world_size))
 if eval_batches == 0:
     raise SystemExit(f"the val split of {data_dir}/ ({val_data.starts[-1]:,} tokens) is smaller than one evaluation "
                      f"batch of {batch_size} x {block_size} tokens x {world_size} processes: lower batch_size")

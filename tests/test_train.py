@@ -32,6 +32,33 @@ def test_resume_gives_exactly_the_losses_of_an_uninterrupted_run(data):
     assert resumed == straight and resumed_val == straight_val  # exact, not approximately
 
 
+def test_the_seed_sets_the_init_and_the_order_of_the_training_sequences_and_repeats_a_run_exactly(data):
+    """The first step's loss is that of the model torch.manual_seed(seed) builds, on the sequences
+    order_0 = numpy's permutation seeded by (seed, 0) picks (train.py's TokenStream); so two seeds give two
+    inits and two orders, and one seed gives the same run twice."""
+    import torch
+    from model import ModelConfig, Transformer
+    from prepare import read_shard
+    tokens = read_shard(data / 'data' / 'train_000000.bin').astype(np.int64)
+    T, B = 32, 4
+    common = [*TINY, '--data_dir=data', '--max_iters=3', '--eval_interval=3']
+    first_batches = []
+    for seed in (1, 2):
+        order = np.random.default_rng([seed, 0]).permutation((len(tokens) - 1) // T)[:B]
+        first_batches.append(sorted(order))
+        rows = torch.from_numpy(np.stack([tokens[j * T:(j + 1) * T + 1] for j in order]))
+        torch.manual_seed(seed)
+        model = Transformer(ModelConfig(vocab_size=320, block_size=T, n_layer=2, n_head=2, n_embd=64,
+                                        intermediate_size=128, rank=16))
+        with torch.no_grad():
+            _, expected = model(rows[:, :-1], rows[:, 1:])
+        run(data, 'train.py', *common, f'--seed={seed}', f'--out_dir=seed{seed}')
+        assert train_log(data / f'seed{seed}')[0][1] == pytest.approx(expected.item(), rel=1e-6)
+    assert first_batches[0] != first_batches[1]
+    run(data, 'train.py', *common, '--seed=2', '--out_dir=seed2-again')
+    assert train_log(data / 'seed2-again') == train_log(data / 'seed2')
+
+
 @pytest.mark.parametrize('parallel', ['ddp', 'fsdp'])
 def test_two_processes_match_one_with_the_same_global_batch(data, parallel):
     common = [*TINY, '--data_dir=data', '--eval_interval=6', '--max_iters=6', '--gradient_accumulation_steps=2']
@@ -160,6 +187,7 @@ def test_a_resumed_log_marks_the_resume(data):
     (['--eval_interval=0'], 'eval_interval=0: expected a positive number'),
     (['--gradient_accumulation_steps=0'], 'gradient_accumulation_steps=0: expected a positive number'),
     (['--max_iters=-1'], 'max_iters=-1: expected 0 or more'),
+    (['--seed=-1'], 'seed=-1: expected 0 or more'),
     (['--learning_rate=0.0'], 'learning_rate=0.0: expected a positive number'),
     (['--device=cdua'], "device='cdua': expected 'cpu', or 'cuda' / 'cuda:N' on a machine with a CUDA GPU"),
     (['--dtype=float16'], "dtype='float16': expected one of ('float32', 'bfloat16')"),
