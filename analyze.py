@@ -2,7 +2,7 @@
 What trained low-rank models converge to, beyond their loss: CoLA's low-rank-activation observation
 and the "Beyond Perplexity" geometry (arXiv 2605.13652), measured on train.py's checkpoints.
 
-    python analyze.py --runs=out-compare/full-rank-lr0.001,out-compare/cola-lr0.001 --reference=out-compare/full-rank-lr0.001
+    python analyze.py --runs=out-compare/full-rank-seed1,out-compare/cola-seed1 --reference=out-compare/full-rank-seed1
     python analyze.py --runs=out-a --landscape=False --directions=20     # every metric has a switch and a size
 
 For each run (its out_dir/ckpt.pt, and its ckpt_{iter}.pt series when train.py ran with

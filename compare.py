@@ -1,67 +1,116 @@
 """
-CoLA against full-rank on the same data, side by side: does CoLA reach full-rank loss with half the
-compute, does CoLA-M reproduce CoLA's curve with less memory, and what do DLR and ELAS add?
+Every method nanoCoLA has (full-rank, CoLA, CoLA-M, DLR, ELAS, TSVD) trained side by side on the same
+data, as close to the CoLA paper's regime (training tokens per parameter, shape ratios, schedule) as
+two CPU cores allow in a little over an hour, with seeds: does CoLA reach full-rank loss with half
+the compute?
 
     python prepare.py --input_files=assets/tinyshakespeare.txt --encoding=byte --out_dir=data/tiny
-    python compare.py                        # the CPU default: about 35 minutes on 2 cores
-    python compare.py config/compare_60m.py  # 60m shapes on C4 shards, one GPU
+    python compare.py                           # the CPU default: 38 runs, about 80 minutes on 2 cores
+    python compare.py config/compare_quick.py   # a first look: one seed, no sweep, about 9 minutes
+    python compare.py config/compare_60m.py     # 60m shapes on C4, one GPU
 
-Every run is train.py on the same prepared data, with the same shapes, steps, schedule and token
-stream: full-rank and CoLA at each of their peak learning rates (a small sweep), CoLA-M, DLR and ELAS
-(dense for the first elas_warmup of the steps) at CoLA's best one, and TSVD (starting at CoLA's rank,
-adapting it tsvd_adaptations times) at full-rank's best one. Each run writes out_dir/<run>/log.jsonl (train and val loss, tokens, FLOPs, wall time);
-from those logs this script writes out_dir/compare.md (a Markdown table) and, when matplotlib is
-installed, out_dir/compare.png (validation loss against tokens and against training FLOPs).
-A finished run is not run again, so an interrupted comparison continues where it stopped.
+Every run is train.py on the same prepared data, with the same shapes and the paper's schedule shape
+(linear warm-up over `warmup` of the steps, cosine to a tenth of the peak), in two stages:
+1. the learning-rate sweep: each method at each of sweep_lrs, for sweep_fraction of the steps (every
+   schedule scaled with it) and seed seeds[0]. CoLA-M computes CoLA's function exactly, so it takes
+   CoLA's learning rate instead; a method named in learning_rates takes that one instead.
+2. the comparison: each method at its best learning rate, once per seed in seeds. train.py's seed sets
+   both the initial weights and the order of the training sequences, so seed s gives every method the
+   same data order, and each gap to full-rank is taken within a seed before its mean and spread.
+The methods' own schedules scale with the run: ELAS is dense for the first elas_warmup of the steps (the
+paper: 1,000 of 10,000), TSVD adapts its ranks tsvd_adaptations times, at even intervals.
+
+Each run writes out_dir/<run>/log.jsonl; from those logs this script writes out_dir/compare.md (the
+regime's arithmetic, the sweep, and each method's final validation loss and gaps to full-rank, at equal
+steps and at equal FLOPs, as the mean +- the standard deviation over seeds) and, when matplotlib is
+installed, out_dir/compare.png (the mean validation curve per method with a +-1 standard deviation band,
+against tokens and against training FLOPs). A finished run is not run again, so an interrupted study
+continues where it stopped.
 """
 
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 
+import torch
+
 from configurator import configure, public_settings
+from model import ModelConfig, Transformer
 
 # ----------------------------------------------------------------------------- config
 out_dir = 'out-compare'
 data_dir = 'data/tiny'
-n_layer = 4
+n_layer = 2
 n_head = 4
-n_embd = 256
-intermediate_size = 688
-rank = 64
-only_lr_act = False
+n_embd = 128
+intermediate_size = 344  # the paper's SwiGLU width, 8/3 d rounded as LLaMA's
+rank = 32  # d / 4, the paper's ratio
 block_size = 256
-batch_size = 8
+batch_size = 16
 gradient_accumulation_steps = 1
-max_iters = 400
-warmup_iters = 40
-eval_interval = 50
+max_iters = 1000  # 4.1M tokens: about 10 per full-rank non-embedding parameter
+warmup = 0.1  # linear warm-up over this fraction of the steps, then cosine to a tenth of the peak lr
+eval_interval = 100
 eval_tokens = 65536
-full_rank_lrs = (3e-4, 1e-3, 3e-3)  # peak learning rates swept for full-rank ...
-cola_lrs = (1e-3, 3e-3, 6e-3)  # ... and for CoLA; CoLA-M, DLR and ELAS run at CoLA's best
-elas_warmup = 0.1  # ELAS's dense warm-up, as a fraction of max_iters (the paper: 1,000 of 10,000 steps)
-tsvd_adaptations = 10  # TSVD adapts its ranks this many times, every max_iters / tsvd_adaptations steps
+methods = ('full-rank', 'cola', 'cola-m', 'dlr', 'elas', 'tsvd')
+sweep_lrs = (1e-3, 2e-3, 4e-3, 8e-3)  # peak learning rates tried per method ...
+sweep_fraction = 0.25  # ... in runs of this fraction of max_iters
+learning_rates = ()  # (method, peak lr) pairs that skip the sweep, e.g. (('full-rank', 2e-3),)
+seeds = (1, 2, 3)
+dlr_alpha = 1.0
+elas_warmup = 0.1  # ELAS's dense warm-up, as a fraction of the steps
+tsvd_adaptations = 10  # TSVD adapts its ranks this many times per run
 device = 'cpu'
 dtype = 'float32'
 compile_model = False
 nproc = 1  # processes per run (torchrun), e.g. GPUs
 
+PAPER_TOKENS = 1.31e9  # the CoLA paper's 60M runs: 10,000 steps of 131,072 tokens ...
+PAPER_PARAMS = 60e6  # ... for LLaMA-60M, about 22 tokens per parameter
+PAPER_SHAPE = dict(n_layer=8, n_head=8, n_embd=512, intermediate_size=1376)  # its non-embedding part
 
-def train(name, lr, **model):
-    """Run train.py into out_dir/name (unless it already finished) and return its log records."""
+
+def method_settings(method, steps):
+    """train.py's settings for a method, its own schedules scaled to a run of that many steps."""
+    return dict(rank=rank) | {'full-rank': dict(rank=0), 'cola': {}, 'cola-m': dict(checkpointing='cola_m'),
+                              'dlr': dict(dlr_alpha=dlr_alpha),
+                              'elas': dict(mlp='elas', elas_warmup_iters=round(elas_warmup * steps)),
+                              'tsvd': dict(layer='tsvd', tsvd_interval=max(1, steps // tsvd_adaptations))}[method]
+
+
+def regime():
+    """The study's arithmetic, from the settings: tokens per run, parameters, tokens per parameter
+    (full-rank's and CoLA's non-embedding parameters) and the schedules' lengths, with the paper's."""
+    shape = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, intermediate_size=intermediate_size)
+    with torch.device('meta'):  # counted, not allocated
+        full, cola, paper_full = (Transformer(ModelConfig(vocab_size=64, block_size=block_size, rank=r, **s)).num_params()
+                                  for s, r in [(shape, 0), (shape, rank), (PAPER_SHAPE, 0)])
+    tokens = max_iters * batch_size * block_size * gradient_accumulation_steps * nproc
+    sweep_steps = round(sweep_fraction * max_iters)
+    return {'tokens': tokens, 'full_params': full, 'cola_params': cola, 'tokens_per_full_param': tokens / full,
+            'tokens_per_cola_param': tokens / cola, 'rank_ratio': rank / n_embd, 'warmup_iters': round(warmup * max_iters),
+            'elas_warmup_iters': method_settings('elas', max_iters)['elas_warmup_iters'],
+            'tsvd_interval': method_settings('tsvd', max_iters)['tsvd_interval'], 'sweep_steps': sweep_steps,
+            'paper_tokens_per_param': PAPER_TOKENS / PAPER_PARAMS, 'paper_tokens_per_full_param': PAPER_TOKENS / paper_full}
+
+
+def train(name, method, lr, seed, steps):
+    """Run train.py into out_dir/name (unless a finished run is there) and return its summary."""
     run_dir = os.path.join(out_dir, name)
     log_path = os.path.join(run_dir, 'log.jsonl')
-    if not (os.path.exists(log_path) and any(r.get('iter') == max_iters and 'val_loss' in r for r in read_log(log_path))):
+    if not (os.path.exists(log_path) and any(r.get('iter') == steps and 'val_loss' in r for r in read_log(log_path))):
         if os.path.exists(log_path):
             os.remove(log_path)  # an unfinished run starts over, so its log holds one run
         args = [f'--{k}={v}' for k, v in dict(
             data_dir=data_dir, out_dir=run_dir, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-            intermediate_size=intermediate_size, only_lr_act=only_lr_act, block_size=block_size, batch_size=batch_size,
-            gradient_accumulation_steps=gradient_accumulation_steps, max_iters=max_iters, lr_decay_iters=max_iters,
-            warmup_iters=warmup_iters, eval_interval=eval_interval, eval_tokens=eval_tokens, learning_rate=lr,
-            min_lr=lr / 10, device=device, dtype=dtype, compile_model=compile_model, keep_best=False, log_interval=10, **model).items()]
+            intermediate_size=intermediate_size, block_size=block_size, batch_size=batch_size,
+            gradient_accumulation_steps=gradient_accumulation_steps, max_iters=steps, lr_decay_iters=steps,
+            warmup_iters=round(warmup * steps), eval_interval=eval_interval, eval_tokens=eval_tokens, learning_rate=lr,
+            min_lr=lr / 10, seed=seed, device=device, dtype=dtype, compile_model=compile_model, keep_best=False,
+            log_interval=10, **method_settings(method, steps)).items()]
         launcher = [sys.executable] if nproc == 1 else [sys.executable, '-m', 'torch.distributed.run', '--standalone',
                                                          f'--nproc_per_node={nproc}']
         print(f"run {len(finished) + 1} of {total_runs}, {name}: training ...", flush=True)
@@ -69,7 +118,7 @@ def train(name, lr, **model):
         if done.returncode != 0:
             raise SystemExit(f"run {name} failed (exit {done.returncode}); its output is above")
     finished.append(name)
-    return read_log(log_path)
+    return summary(name, read_log(log_path))
 
 
 def read_log(path):
@@ -85,51 +134,96 @@ def read_log(path):
     return records
 
 
-def summary(name, lr, records):
-    """The table row of one run, computed from its log."""
-    header = records[0]
+def summary(name, records):
+    """What the tables and plot need of one run, from its log."""
     evals = [r for r in records if 'val_loss' in r]
     steps = [r for r in records if 'loss' in r and r['iter'] > 10]  # leave out the first steps (warm-up)
-    final = evals[-1]
     adapted = [r for r in records if 'tsvd_ranks' in r]  # TSVD: the shapes after the last rank change
-    last = adapted[-1] if adapted else header
-    return {'run': name, 'lr': lr, 'val_loss': final['val_loss'], 'ppl': math.exp(final['val_loss']),
-            'params_M': last['model_params'] / 1e6, 'flops_per_token': last['flops_per_token'],
-            'flops_spent': final['flops'], 'tokens': final['tokens'],
+    last = adapted[-1] if adapted else records[0]
+    return {'run': name, 'lr': records[0]['config']['learning_rate'], 'val_loss': evals[-1]['val_loss'],
+            'params': last['model_params'], 'flops_per_token': last['flops_per_token'], 'flops': evals[-1]['flops'],
             'ranks': [(r['iter'], r['tsvd_ranks']) for r in adapted],
-            'tokens_per_s': sorted(r['tokens_per_s'] for r in steps)[len(steps) // 2] if steps else None,
+            'tokens_per_s': sorted(r['tokens_per_s'] for r in steps)[len(steps) // 2] if steps else float('nan'),
             'wall_s': records[-1]['elapsed_s'], 'evals': [(r['tokens'], r['flops'], r['val_loss']) for r in evals]}
 
 
-def markdown(rows, best_full, best_cola, colam):
-    lines = ['| run | peak lr | val loss | perplexity | params (M) | GFLOPs/token | tokens/s | wall time (s) | gap to full-rank |',
-             '|---|---|---|---|---|---|---|---|---|']
-    for r in rows:
-        gap = (r['val_loss'] / best_full['val_loss'] - 1) * 100
-        lines.append(f"| {r['run']} | {r['lr']:g} | {r['val_loss']:.4f} | {r['ppl']:.3f} | {r['params_M']:.2f} | "
-                     f"{r['flops_per_token'] / 1e9:.3g} | {r['tokens_per_s']:,.0f} | {r['wall_s']:.1f} | {gap:+.2f}% |")
-    deviation = max(abs(a[2] - b[2]) for a, b in zip(best_cola['evals'], colam['evals']))
-    lines += ['', f"Best CoLA ({best_cola['run']}) ends {(best_cola['val_loss'] / best_full['val_loss'] - 1) * 100:+.2f}% "
-              f"from the best full-rank run ({best_full['run']}) in validation loss, with "
-              f"{best_cola['flops_per_token'] / best_full['flops_per_token']:.2f}x its training FLOPs per token and "
-              f"{best_cola['params_M'] / best_full['params_M']:.2f}x its parameters. CoLA-M's validation losses differ "
-              f"from CoLA's at the same lr by at most {deviation:.2e}."]
-    for r in rows[-3:]:  # DLR, ELAS and TSVD
-        lines.append(f"{r['run']} ends {(r['val_loss'] / best_cola['val_loss'] - 1) * 100:+.2f}% from best CoLA and "
-                     f"{(r['val_loss'] / best_full['val_loss'] - 1) * 100:+.2f}% from best full-rank.")
+def loss_at_flops(run, flops):
+    """A run's validation loss at a FLOP budget, linear between its evaluations; None past its end."""
+    points = [(f, loss) for _, f, loss in run['evals']]
+    for (f0, l0), (f1, l1) in zip(points, points[1:]):
+        if f0 <= flops <= f1:
+            return l0 + (l1 - l0) * (flops - f0) / (f1 - f0)
+    return None
+
+
+def mean_spread(values, digits=4):
+    """'mean ± standard deviation' (over seeds; the sample's, n - 1) of a list, as text; a lone value as it is."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return '-'
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def gaps(runs, full_runs):
+    """A method's gaps to full-rank in %, per seed: at equal steps (final losses) and at equal FLOPs
+    (its final loss against full-rank's curve at the FLOPs it spent; None if full-rank spent fewer)."""
+    at_steps = [(r['val_loss'] / f['val_loss'] - 1) * 100 for r, f in zip(runs, full_runs)]
+    at_flops = [None if (f_loss := loss_at_flops(f, r['flops'])) is None else (r['val_loss'] / f_loss - 1) * 100
+                for r, f in zip(runs, full_runs)]
+    return at_steps, at_flops
+
+
+def regime_text(plan):
+    return (f"Regime: {plan['tokens']:,} training tokens per run = {plan['tokens_per_full_param']:.1f} per full-rank "
+            f"non-embedding parameter ({plan['full_params']:,}) and {plan['tokens_per_cola_param']:.1f} per CoLA's "
+            f"({plan['cola_params']:,}); the paper's 60M runs: {plan['paper_tokens_per_param']:.0f} per parameter in all, "
+            f"{plan['paper_tokens_per_full_param']:.0f} per non-embedding parameter. Rank = {plan['rank_ratio']:g} d; "
+            f"warm-up {plan['warmup_iters']} of {max_iters} steps; ELAS dense for {plan['elas_warmup_iters']} steps; "
+            f"TSVD adapts every {plan['tsvd_interval']} steps; the sweep's runs: {plan['sweep_steps']} steps.")
+
+
+def markdown(plan, sweep, best_lrs, study):
+    """compare.md: the regime, the sweep, the study table (mean ± std over seeds), notes."""
+    every_run = [r for runs in list(sweep.values()) + list(study.values()) for r in runs]
+    lines = [regime_text(plan), '', f"{len(every_run)} runs, {sum(r['wall_s'] for r in every_run) / 60:.0f} minutes in all.", '']
+    if sweep:
+        lines += [f'Learning-rate sweep (seed {seeds[0]}, {plan["sweep_steps"]} steps): final validation loss', '',
+                  '| method | ' + ' | '.join(f'{lr:g}' for lr in sweep_lrs) + ' | best |',
+                  '|---|' + '---|' * (len(sweep_lrs) + 1)]
+        for method, runs in sweep.items():
+            lines.append(f'| {method} | ' + ' | '.join(f"{r['val_loss']:.4f}" for r in runs) + f' | {best_lrs[method]:g} |')
+        lines.append('')
+    lines += [f'Each method at its best peak lr, {len(seeds)} seeds ({", ".join(map(str, seeds))}): mean ± standard '
+              'deviation over seeds; the gaps are to full-rank with the same seed.', '',
+              '| method | peak lr | val loss | gap at equal steps (%) | gap at equal FLOPs (%) | params in all (M) | '
+              'GFLOPs/token | TFLOPs spent | tokens/s | wall time (s) |', '|---|---|---|---|---|---|---|---|---|---|']
+    for method, runs in study.items():
+        at_steps, at_flops = gaps(runs, study['full-rank']) if 'full-rank' in study else ([None], [None])
+        lines.append(f"| {method} | {best_lrs[method]:g} | {mean_spread([r['val_loss'] for r in runs])} | "
+                     f"{mean_spread(at_steps, 2)} | {mean_spread(at_flops, 2)} | "
+                     f"{statistics.mean(r['params'] for r in runs) / 1e6:.3f} | "
+                     f"{statistics.mean(r['flops_per_token'] for r in runs) / 1e9:.4f} | "
+                     f"{statistics.mean(r['flops'] for r in runs) / 1e12:.2f} | "
+                     f"{statistics.median(r['tokens_per_s'] for r in runs):,.0f} | "
+                     f"{statistics.mean(r['wall_s'] for r in runs):.0f} |")
+    if 'cola' in study and 'cola-m' in study:
+        deviation = max(abs(a[2] - b[2]) for c, m in zip(study['cola'], study['cola-m']) for a, b in zip(c['evals'], m['evals']))
+        lines += ['', f"CoLA-M's validation losses differ from CoLA's (same seeds) by at most {deviation:.2e}."]
+    if 'tsvd' in study:
+        lines += ['', rank_table(study['tsvd'][0])]
     return '\n'.join(lines)
 
 
 def rank_table(row):
-    """TSVD's mean rank per projection type after each rank change, and its final size."""
+    """TSVD's mean rank per projection type after each rank change."""
     types = ['q', 'k', 'v', 'o', 'gate', 'up', 'down']
     lines = [f"{row['run']}: mean rank per projection type after each adaptation (start: {rank})", '',
              '| iter | ' + ' | '.join(types) + ' |', '|---|' + '---|' * len(types)]
     for it, ranks in row['ranks']:
         means = [sum(ranks[i::len(types)]) / len(ranks[i::len(types)]) for i in range(len(types))]
         lines.append(f'| {it} | ' + ' | '.join(f'{m:.1f}' for m in means) + ' |')
-    lines += ['', f"Final: {row['params_M']:.3f}M parameters, {row['flops_per_token'] / 1e9:.4f} GFLOPs per token; "
-              f"{row['flops_spent'] / 1e12:.2f} TFLOPs spent in all."]
     return '\n'.join(lines)
 
 
@@ -145,23 +239,29 @@ def pyplot():
         return None
 
 
-def plot(rows, path):
+def plot(study, path):
+    """Validation loss against tokens and against FLOPs: each method's mean over seeds, and a band of
+    +-1 standard deviation (at each evaluation; the FLOPs axis at the seeds' mean FLOPs)."""
     plt = pyplot()
     if plt is None:
         return False
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for r in rows:
-        tokens, flops, loss = zip(*r['evals'])
-        style = dict(label=f"{r['run']}", linestyle='--' if r['run'].startswith('cola-m') else '-',
-                     linewidth=2 if r['run'].startswith(('dlr', 'elas')) else 1)
-        axes[0].plot(tokens, loss, **style)
-        axes[1].plot(flops, loss, **style)
+    for method, runs in study.items():
+        by_eval = list(zip(*(r['evals'] for r in runs)))  # per evaluation, (tokens, flops, loss) of every seed
+        tokens = [e[0][0] for e in by_eval]
+        flops = [statistics.mean(s[1] for s in e) for e in by_eval]
+        mean = [statistics.mean(s[2] for s in e) for e in by_eval]
+        spread = [statistics.stdev(s[2] for s in e) if len(e) > 1 else 0.0 for e in by_eval]
+        for ax, x in zip(axes, [tokens, flops]):
+            line, = ax.plot(x, mean, label=f"{method} ({len(runs)} seeds)", linestyle='--' if method == 'cola-m' else '-')
+            ax.fill_between(x, [m - s for m, s in zip(mean, spread)], [m + s for m, s in zip(mean, spread)],
+                            color=line.get_color(), alpha=0.2)
+    final = min(statistics.mean(r['val_loss'] for r in runs) for runs in study.values())
     for ax, xlabel in zip(axes, ['training tokens', 'training FLOPs']):
         ax.set_xlabel(xlabel)
         ax.set_ylabel('validation loss')
-        ax.set_ylim(top=min(ax.get_ylim()[1], 1.5 * min(r['val_loss'] for r in rows)))
+        ax.set_ylim(final - 0.05, min(ax.get_ylim()[1], 1.25 * final))
         ax.grid(alpha=0.3)
-    axes[1].set_xscale('log')
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -171,26 +271,30 @@ def plot(rows, path):
 if __name__ == '__main__':
     settings = configure(public_settings(globals()), sys.argv[1:])
     globals().update(settings)
+    for method in methods:
+        if method not in ('full-rank', 'cola', 'cola-m', 'dlr', 'elas', 'tsvd'):
+            raise SystemExit(f"methods: {method!r} is not one of full-rank, cola, cola-m, dlr, elas, tsvd")
+    if not seeds:
+        raise SystemExit(f"seeds={seeds}: expected one seed or more")
+    if not 0 < sweep_fraction <= 1:
+        raise SystemExit(f"sweep_fraction={sweep_fraction}: expected a fraction in (0, 1]")
+    plan = regime()
+    print(regime_text(plan))
     os.makedirs(out_dir, exist_ok=True)
-    finished, total_runs = [], len(full_rank_lrs) + len(cola_lrs) + 4
-    rows = []
-    for lr in full_rank_lrs:
-        rows.append(summary(f'full-rank-lr{lr:g}', lr, train(f'full-rank-lr{lr:g}', lr, rank=0)))
-    for lr in cola_lrs:
-        rows.append(summary(f'cola-lr{lr:g}', lr, train(f'cola-lr{lr:g}', lr, rank=rank)))
-    best_full = min((r for r in rows if r['run'].startswith('full')), key=lambda r: r['val_loss'])
-    best_cola = min((r for r in rows if r['run'].startswith('cola')), key=lambda r: r['val_loss'])
-    lr = best_cola['lr']  # the methods built on CoLA's layers, at CoLA's best learning rate
-    for method, options in [('cola-m', dict(checkpointing='cola_m')), ('dlr', dict(dlr_alpha=1.0)),
-                            ('elas', dict(mlp='elas', elas_warmup_iters=round(elas_warmup * max_iters)))]:
-        rows.append(summary(f'{method}-lr{lr:g}', lr, train(f'{method}-lr{lr:g}', lr, rank=rank, **options)))
-    lr = best_full['lr']  # TSVD, a factorised linear layer like full-rank's, at full-rank's best learning rate
-    tsvd_log = train(f'tsvd-lr{lr:g}', lr, rank=rank, layer='tsvd', tsvd_interval=max_iters // tsvd_adaptations)
-    rows.append(summary(f'tsvd-lr{lr:g}', lr, tsvd_log))
-    colam = rows[-4]
-    table = markdown(rows, best_full, best_cola, colam) + '\n\n' + rank_table(rows[-1])
+    best_lrs = dict(learning_rates)
+    swept = [m for m in methods if m not in best_lrs and not (m == 'cola-m' and 'cola' in methods)]
+    finished, total_runs = [], len(swept) * len(sweep_lrs) + len(methods) * len(seeds)
+    sweep = {}
+    for method in swept:
+        sweep[method] = [train(f'sweep/{method}-lr{lr:g}', method, lr, seeds[0], plan['sweep_steps']) for lr in sweep_lrs]
+        best_lrs[method] = min(sweep[method], key=lambda r: r['val_loss'])['lr']
+    if 'cola-m' in methods and 'cola-m' not in best_lrs:
+        best_lrs['cola-m'] = best_lrs['cola']  # the same function as CoLA's, so the same best lr
+    study = {method: [train(f'{method}-seed{seed}', method, best_lrs[method], seed, max_iters) for seed in seeds]
+             for method in methods}
+    table = markdown(plan, sweep, best_lrs, study)
     with open(os.path.join(out_dir, 'compare.md'), 'w') as f:
         f.write(table + '\n')
     print(table)
-    if plot(rows, os.path.join(out_dir, 'compare.png')):
+    if plot(study, os.path.join(out_dir, 'compare.png')):
         print(f"wrote {out_dir}/compare.md and {out_dir}/compare.png")

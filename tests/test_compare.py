@@ -1,50 +1,103 @@
 import json
 import os
 
-from helpers import run
+import numpy as np
+import pytest
+from helpers import ROOT, refused, run
+
+from compare import read_log
+from configurator import configure, public_settings
 
 
-def test_compare_runs_end_to_end_and_its_table_comes_from_the_logs(tmp_path):
+def test_compare_sweeps_then_runs_every_method_per_seed_and_its_table_comes_from_the_logs(tmp_path):
     (tmp_path / 'text.txt').write_text('the quick brown fox jumps over the lazy dog. ' * 400)
     run(tmp_path, 'prepare.py', '--input_files=text.txt', '--encoding=byte', '--out_dir=data', '--val_tokens=2000')
     args = ['--data_dir=data', '--out_dir=cmp', '--n_layer=1', '--n_head=2', '--n_embd=32', '--intermediate_size=64',
-            '--rank=8', '--block_size=32', '--batch_size=4', '--max_iters=20', '--warmup_iters=2', '--eval_interval=10',
-            '--eval_tokens=512', '--full_rank_lrs=(1e-3,)', '--cola_lrs=(3e-3,1e-2)']
+            '--rank=8', '--block_size=32', '--batch_size=4', '--max_iters=10', '--eval_interval=5', '--eval_tokens=512',
+            '--sweep_lrs=(3e-3,1e-2)', '--sweep_fraction=0.5', '--seeds=(1,2)',
+            "--learning_rates=(('full-rank',1e-3),('dlr',3e-3),('elas',3e-3),('tsvd',1e-3))"]
     r = run(tmp_path, 'compare.py', *args)
-    assert 'run 1 of 7, full-rank-lr0.001: training' in r.stdout and 'run 7 of 7, tsvd-lr0.001' in r.stdout
-    runs = ['full-rank-lr0.001', 'cola-lr0.003', 'cola-lr0.01']
-    logs = {name: [json.loads(line) for line in open(tmp_path / 'cmp' / name / 'log.jsonl')] for name in runs}
-    best_cola = min(runs[1:], key=lambda name: logs[name][-1]['val_loss'])
-    colam = 'cola-m-lr' + best_cola.split('lr')[1]
-    for name in [method + '-lr' + best_cola.split('lr')[1] for method in ('cola-m', 'dlr', 'elas')] + ['tsvd-lr0.001']:
-        logs[name] = [json.loads(line) for line in open(tmp_path / 'cmp' / name / 'log.jsonl')]
-    table = (tmp_path / 'cmp' / 'compare.md').read_text()
-    rows = {line.split('|')[1].strip(): [c.strip() for c in line.split('|')[2:-1]]
-            for line in table.split('\n\n')[0].splitlines() if line.startswith('| ') and not line.startswith('| run')}
-    assert set(rows) == set(logs)
-    for name, log in logs.items():
-        final = [r for r in log if 'val_loss' in r][-1]
-        assert final['iter'] == 20 and rows[name][1] == f"{final['val_loss']:.4f}"
-        last_shape = [r for r in log if 'model_params' in r][-1]  # TSVD: after its last rank change
-        assert rows[name][3] == f"{last_shape['model_params'] / 1e6:.2f}"
-    assert 'tsvd-lr0.001: mean rank per projection type after each adaptation' in table
-    assert rows[colam][1] == rows[best_cola][1]  # CoLA-M reproduces CoLA
+    # only CoLA is swept (CoLA-M takes its lr), at half the steps; then 6 methods x 2 seeds
+    assert 'run 1 of 14, sweep/cola-lr0.003: training' in r.stdout and 'run 14 of 14, tsvd-seed2' in r.stdout
+    sweep = {lr: read_log(tmp_path / 'cmp' / 'sweep' / f'cola-lr{lr:g}' / 'log.jsonl') for lr in (3e-3, 1e-2)}
+    assert all(log[0]['config']['max_iters'] == 5 and log[0]['config']['seed'] == 1 for log in sweep.values())
+    best_cola = min(sweep, key=lambda lr: sweep[lr][-1]['val_loss'])
+    lrs = {'full-rank': 1e-3, 'cola': best_cola, 'cola-m': best_cola, 'dlr': 3e-3, 'elas': 3e-3, 'tsvd': 1e-3}
+    logs = {(m, s): read_log(tmp_path / 'cmp' / f'{m}-seed{s}' / 'log.jsonl') for m in lrs for s in (1, 2)}
+    for (m, s), log in logs.items():
+        assert (log[0]['config']['learning_rate'], log[0]['config']['seed']) == (lrs[m], s)
+    assert logs['elas', 1][0]['config']['elas_warmup_iters'] == 1  # 10% of 10 steps
+    assert logs['tsvd', 1][0]['config']['tsvd_interval'] == 1  # 10 adaptations in 10 steps
+    final = {key: [r for r in log if 'val_loss' in r][-1]['val_loss'] for key, log in logs.items()}
+    assert final['cola-m', 1] == final['cola', 1] and final['cola', 1] != final['cola', 2]
+
+    blocks = [block.splitlines() for block in (tmp_path / 'cmp' / 'compare.md').read_text().split('\n\n')]
+    tables = {'best' in block[0]: {line.split('|')[1].strip(): [c.strip() for c in line.split('|')[2:-1]]
+                                   for line in block[2:]} for block in blocks if block[0].startswith('| method')}
+    sweep_rows, rows = tables[True], tables[False]
+    assert sweep_rows == {'cola': [f"{log[-1]['val_loss']:.4f}" for log in sweep.values()] + [f'{best_cola:g}']}
+    assert set(rows) == set(lrs)
+    evals = {key: np.array([(r['flops'], r['val_loss']) for r in log if 'val_loss' in r]) for key, log in logs.items()}
+    for m in lrs:
+        ours = np.array([final[m, 1], final[m, 2]])
+        full = np.array([final['full-rank', 1], final['full-rank', 2]])
+        gap = (ours / full - 1) * 100
+        assert rows[m][:3] == [f'{lrs[m]:g}', f'{ours.mean():.4f} ± {ours.std(ddof=1):.4f}',
+                               f'{gap.mean():.2f} ± {gap.std(ddof=1):.2f}'], m
+    # at equal FLOPs: CoLA's final loss against full-rank's curve, linear between evaluations
+    gap = [(final['cola', s] / np.interp(evals['cola', s][-1, 0], *evals['full-rank', s].T) - 1) * 100 for s in (1, 2)]
+    assert rows['cola'][3] == f'{np.mean(gap):.2f} ± {np.std(gap, ddof=1):.2f}'
     png = tmp_path / 'cmp' / 'compare.png'
     try:
         import matplotlib  # noqa: F401
         assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     except ImportError:
         assert not png.exists()
-    before = {name: os.path.getmtime(tmp_path / 'cmp' / name / 'log.jsonl') for name in logs}
-    run(tmp_path, 'compare.py', *args)  # finished runs are not run again
-    assert before == {name: os.path.getmtime(tmp_path / 'cmp' / name / 'log.jsonl') for name in logs}
+    before = {key: os.path.getmtime(tmp_path / 'cmp' / f'{key[0]}-seed{key[1]}' / 'log.jsonl') for key in logs}
+    r = run(tmp_path, 'compare.py', *args)  # finished runs are not run again
+    assert ': training ...' not in r.stdout
+    assert before == {key: os.path.getmtime(tmp_path / 'cmp' / f'{key[0]}-seed{key[1]}' / 'log.jsonl') for key in logs}
+
+
+def test_the_regime_arithmetic_is_computed_from_the_settings(monkeypatch):
+    """Tokens per parameter against a hand count of the parameters (full-rank: 4d^2 + 3df per block;
+    CoLA: 11dr + 3rf; both with 2d of norms per block and d at the end), for every preset."""
+    import compare
+    defaults = public_settings(vars(compare))
+    for preset in [[], ['config/compare_quick.py'], ['config/compare_60m.py']]:
+        settings = configure(dict(defaults), [os.path.join(ROOT, p) for p in preset])
+        for key, value in settings.items():
+            monkeypatch.setattr(compare, key, value)
+        L, d, f, r = settings['n_layer'], settings['n_embd'], settings['intermediate_size'], settings['rank']
+        tokens = settings['max_iters'] * settings['batch_size'] * settings['block_size'] * \
+            settings['gradient_accumulation_steps'] * settings['nproc']
+        full, cola = L * (4 * d * d + 3 * d * f + 2 * d) + d, L * (11 * d * r + 3 * r * f + 2 * d) + d
+        plan = compare.regime()
+        assert (plan['tokens'], plan['full_params'], plan['cola_params']) == (tokens, full, cola), preset
+        assert plan['tokens_per_full_param'] == tokens / full and plan['tokens_per_cola_param'] == tokens / cola
+        assert plan['warmup_iters'] == round(settings['warmup'] * settings['max_iters'])
+        assert plan['elas_warmup_iters'] == round(settings['elas_warmup'] * settings['max_iters'])
+        assert plan['tsvd_interval'] == settings['max_iters'] // settings['tsvd_adaptations']
+        assert plan['sweep_steps'] == round(settings['sweep_fraction'] * settings['max_iters'])
+        assert plan['paper_tokens_per_param'] == pytest.approx(21.8, abs=0.1)  # 1.31B tokens / 60M parameters
+        text = compare.regime_text(plan)
+        assert f"{tokens:,} training tokens per run = {tokens / full:.1f} per full-rank" in text
 
 
 def test_a_resumed_log_keeps_the_redone_steps_records(tmp_path):
-    from compare import read_log
     records = [{'config': {}}, {'iter': 10, 'loss': 3.0}, {'iter': 10, 'val_loss': 3.1}, {'iter': 20, 'loss': 2.0},
                {'iter': 20, 'val_loss': 2.5},  # the run stopped after iter 20, its last checkpoint is at 10
                {'config': {}}, {'resumed_at': 10}, {'iter': 10, 'val_loss': 3.1}, {'iter': 20, 'loss': 2.2}]
     (tmp_path / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
     kept = read_log(tmp_path / 'log.jsonl')
     assert kept == records[:2] + [records[5], records[7], records[8]]
+
+
+@pytest.mark.parametrize('args,message', [
+    (["--methods=('cola','lora')"], "methods: 'lora' is not one of full-rank, cola, cola-m, dlr, elas, tsvd"),
+    (['--seeds=()'], 'seeds=(): expected one seed or more'),
+    (['--sweep_fraction=0.0'], 'sweep_fraction=0.0: expected a fraction in (0, 1]'),
+])
+def test_bad_study_settings_are_one_line_errors(tmp_path, args, message):
+    refused(run(tmp_path, 'compare.py', *args, check=False), message)
+    assert not (tmp_path / 'out-compare').exists()
