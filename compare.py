@@ -29,7 +29,6 @@ continues where it stopped.
 """
 
 import json
-import math
 import os
 import statistics
 import subprocess
