@@ -38,11 +38,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from compare import pyplot
 from configurator import configure, public_settings
-from model import CoLALinear, ModelConfig, Transformer, load_checkpoint
-from prepare import load_meta, read_shard
-from tsvd import TSVDLinear, match_ranks
+from methods.tsvd import TSVDLinear, match_ranks
+from model import CoLALinear, load_checkpoint, model_from_checkpoint
+from shards import load_meta, read_shard, shard_path, write_durably
 
 # ----------------------------------------------------------------------------- config
 runs = ''  # comma-separated out_dirs of train.py runs
@@ -143,7 +142,7 @@ class Loss:
     def __init__(self, data_dir, tokens, block_size):
         parts = []  # the split's first tokens + 1, read from as few shards as that takes
         for shard in load_meta(data_dir)['splits']['val']['shards']:
-            parts.append(read_shard(os.path.join(data_dir, shard))[:tokens + 1 - sum(map(len, parts))])
+            parts.append(read_shard(shard_path(data_dir, shard))[:tokens + 1 - sum(map(len, parts))])
             if sum(map(len, parts)) == tokens + 1:
                 break
         stream = np.concatenate(parts)
@@ -242,16 +241,26 @@ def outputs(model, idx):
 def load_run(path):
     """The model of a checkpoint file, in eval mode, with its config."""
     checkpoint = load_checkpoint(path)
-    model = Transformer(ModelConfig(**{**checkpoint['model_config'], 'checkpointing': 'none'}))
-    match_ranks(model, checkpoint['model'])
-    model.load_state_dict(checkpoint['model'])
-    return model.to(device).eval(), checkpoint
+    return model_from_checkpoint(checkpoint, device, path).eval(), checkpoint
+
+
+def run_data_dir(checkpoint, path):
+    """The data folder to measure a run on: data_dir if given, else the run's own, which must still hold
+    data of the run's encoding."""
+    folder = data_dir or checkpoint['config']['data_dir']
+    if not os.path.exists(os.path.join(folder, 'meta.json')):
+        raise SystemExit(f"{path} was trained on {folder}/, which holds no meta.json now: give --data_dir= the "
+                         f"folder where that data is (or remake it with prepare.py)")
+    if load_meta(folder)['encoding'] != checkpoint['encoding']:
+        raise SystemExit(f"{path} was trained on encoding={checkpoint['encoding']!r} tokens, but {folder}/ holds "
+                         f"{load_meta(folder)['encoding']!r} tokens")
+    return folder
 
 
 def series(run_dir):
     """ckpt_{iter}.pt files of a run in order, or [] without keep_checkpoints."""
-    files = glob.glob(os.path.join(run_dir, 'ckpt_*.pt'))
-    return sorted(files, key=lambda f: int(re.search(r'ckpt_(\d+)\.pt$', f).group(1)))
+    files = [f for f in glob.glob(os.path.join(glob.escape(run_dir), 'ckpt_*.pt')) if re.search(r'ckpt_\d+\.pt$', f)]
+    return sorted(files, key=lambda f: int(re.search(r'ckpt_(\d+)\.pt$', f).group(1)))  # (not a stray ckpt_final.pt)
 
 
 def analyze(run_dir, reference_hidden):
@@ -259,7 +268,7 @@ def analyze(run_dir, reference_hidden):
     if not os.path.exists(path):
         raise SystemExit(f"no checkpoint {path}: analyze.py reads train.py's out_dir")
     model, checkpoint = load_run(path)
-    loss_fn = Loss(data_dir or checkpoint['config']['data_dir'], eval_tokens, model.config.block_size)
+    loss_fn = Loss(run_data_dir(checkpoint, path), eval_tokens, model.config.block_size)
     result = {'run': run_dir, 'iter': checkpoint['iter_num'], 'val_loss': loss_fn(model)}
     captured, hidden = outputs(model, loss_fn.x[:max(1, activation_tokens // model.config.block_size)])
     if activations:
@@ -338,9 +347,12 @@ def markdown(results):
 
 
 def plots(results, folder):
-    plt = pyplot()
-    if plt is None:
-        return
+    try:
+        import matplotlib
+        matplotlib.use('Agg')  # to files, no display
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return print("matplotlib is not installed: no plots (pip install matplotlib)")
     if any('landscape' in r for r in results):
         fig, ax = plt.subplots(figsize=(6, 4))
         for r in (r for r in results if 'landscape' in r):
@@ -351,7 +363,7 @@ def plots(results, folder):
         ax.set(xlabel='t (random direction)', ylabel='validation loss')
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(os.path.join(folder, 'landscape.png'), dpi=100)
+        write_durably(os.path.join(folder, 'landscape.png'), lambda f: fig.savefig(f, format='png', dpi=100))
     if any(r.get('similarity') for r in results):
         fig, ax = plt.subplots(figsize=(6, 4))
         for r in (r for r in results if r.get('similarity')):
@@ -360,7 +372,14 @@ def plots(results, folder):
         ax.set(xlabel='layer (0: embedding)', ylabel='linear CKA with the reference')
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(os.path.join(folder, 'cka.png'), dpi=100)
+        write_durably(os.path.join(folder, 'cka.png'), lambda f: fig.savefig(f, format='png', dpi=100))
+
+
+def write_results(results):
+    """analysis.json and analysis.md of the runs analysed so far, each written whole (temporary file, rename)."""
+    os.makedirs(out_dir, exist_ok=True)
+    write_durably(os.path.join(out_dir, 'analysis.json'), lambda f: f.write(json.dumps(results, indent=1).encode()))
+    write_durably(os.path.join(out_dir, 'analysis.md'), lambda f: f.write((markdown(results) + '\n').encode()))
 
 
 if __name__ == '__main__':
@@ -370,22 +389,31 @@ if __name__ == '__main__':
     if grid < 3 or grid % 2 == 0 or alphas < 2 or directions < 0 or top_k < 0:
         raise SystemExit(f"grid={grid}, alphas={alphas}, directions={directions}, top_k={top_k}: expected an odd grid "
                          f"of at least 3 points, at least 2 alphas, and directions, top_k >= 0")
+    for name, value in [('batch_size', batch_size), ('eval_tokens', eval_tokens), ('activation_tokens', activation_tokens)]:
+        if value < 1:
+            raise SystemExit(f"{name}={value}: expected a positive number")
+    # every run's checkpoint checked before the first is analysed: a bad one costs no finished work
+    encodings = {}
+    for run_dir in runs.split(',') + ([reference] if reference and similarity else []):
+        path = os.path.join(run_dir, 'ckpt.pt')
+        if not os.path.exists(path):
+            raise SystemExit(f"no checkpoint {path}: analyze.py reads train.py's out_dirs")
+        encodings[run_dir] = load_checkpoint(path)['encoding']
+    if reference and similarity and len(set(encodings.values())) > 1:
+        other = next(r for r, e in encodings.items() if e != encodings[reference])
+        raise SystemExit(f"{other} was trained on {encodings[other]!r} tokens and the reference {reference} on "
+                         f"{encodings[reference]!r} tokens: their hidden states are not of the same tokens")
     torch.manual_seed(seed)
     reference_hidden = None
     if reference and similarity:  # the reference's hidden states on the same tokens
         model, checkpoint = load_run(os.path.join(reference, 'ckpt.pt'))
-        tokens = Loss(data_dir or checkpoint['config']['data_dir'], eval_tokens, model.config.block_size).x
+        tokens = Loss(run_data_dir(checkpoint, reference), eval_tokens, model.config.block_size).x
         reference_hidden = outputs(model, tokens[:max(1, activation_tokens // model.config.block_size)])[1]
     results = []
     for run_dir in runs.split(','):
         print(f"analysing {run_dir} ...", flush=True)
         results.append(analyze(run_dir, reference_hidden))
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, 'analysis.json'), 'w') as f:
-        json.dump(results, f, indent=1)
-    table = markdown(results)
-    with open(os.path.join(out_dir, 'analysis.md'), 'w') as f:
-        f.write(table + '\n')
-    print(table)
+        write_results(results)  # each finished run's results kept, whatever happens to the next
+    print(markdown(results))
     plots(results, out_dir)
     print(f"wrote {out_dir}/analysis.json, analysis.md and the plots")

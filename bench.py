@@ -9,6 +9,7 @@ CoLA-M, DLR, ELAS and TSVD (at its start rank, CoLA's) at the same shapes.
     python bench.py --generation --config=config/cola_1b.py  # KV-cached generation, CoLA against full-rank
     python bench.py --table=params                           # parameter counts of every config in config/
     python bench.py --table=memory                           # computed memory per GPU of every config
+    python bench.py --elas_sparse                            # ELAS's FFN, 2:4 sparse kernels against dense (CUDA)
 
 Counts are measured, not derived: FLOPs with torch.utils.flop_counter.FlopCounterMode, activation
 memory as the bytes still allocated after a forward pass (the profiler's memory events on CPU,
@@ -27,7 +28,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from configurator import configure, public_settings, read_config_file
-from model import ModelConfig, Transformer
+from methods import elas
+from model import CoLALinear, ModelConfig, Transformer
+
+ROOT = os.path.dirname(os.path.abspath(__file__))  # config/ is found from here, wherever bench.py is run
 
 # FlopCounterMode has no formula for PyTorch's CPU attention kernel; give it the generic SDPA one.
 CPU_ATTENTION_FLOPS = {
@@ -121,10 +125,10 @@ def resident_bytes(model, optimizer):
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-VARIANTS = [  # name, changes to the CoLA shape
+VARIANTS = [  # name (compare.py's method names), changes to the CoLA shape
     ('full-rank', dict(rank=0)), ('full-rank + full ckpt', dict(rank=0, checkpointing='full')),
-    ('CoLA', {}), ('CoLA + full ckpt', dict(checkpointing='full')), ('CoLA-M', dict(checkpointing='cola_m')),
-    ('DLR', dict(dlr_alpha=1.0)), ('ELAS', dict(mlp='elas')), ('TSVD', dict(layer='tsvd')),  # TSVD at its start rank
+    ('cola', {}), ('cola + full ckpt', dict(checkpointing='full')), ('cola-m', dict(checkpointing='cola-m')),
+    ('dlr', dict(dlr_alpha=1.0)), ('elas', dict(mlp='elas')), ('tsvd', dict(projection='tsvd')),  # TSVD at its start rank
 ]
 
 
@@ -141,7 +145,7 @@ def run_benchmark(shape, device, dtype, batch_size, seq_len, steps, warmup, comp
         rows[name] = {
             'params_M': model.num_params(False) / 1e6, 'non_embedding_params_M': model.num_params() / 1e6,
             'flops_per_token': flops, 'flops_per_token_analytic': model.flops_per_token(seq_len),
-            'recompute_flops_per_token': recompute, 'sparse_flops_saved_per_token': model.sparse_flops_saved(),
+            'recompute_flops_per_token': recompute, 'sparse_flops_saved_per_token': elas.sparse_flops_saved(model),
             'activation_bytes_per_token_per_layer': activation_bytes(config, 1 if device == 'meta' else batch_size,
                                                                      seq_len, memory_device, ptdtype),
         }
@@ -186,7 +190,7 @@ def markdown(rows):
         cells += [f"{r['tokens_per_s']:,.0f}", f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}"] if timed else []
         cells += [f"{r['peak_memory_GiB']:.2f}", f"{r['peak_memory_GiB'] / base['peak_memory_GiB']:.2f}"] if peak else []
         lines.append('| ' + ' | '.join(cells) + ' |')
-    cola, colam = rows['CoLA'], rows['CoLA-M']
+    cola, colam = rows['cola'], rows['cola-m']
     lines += ['', 'Against the paper:',
               f"- compute: CoLA needs {cola['flops_per_token'] / base['flops_per_token']:.2f}x full-rank's training "
               f"FLOPs per token (paper: about 0.5x at r = d/4)",
@@ -196,7 +200,7 @@ def markdown(rows):
               f"CoLA's activations (paper: about 2/3 less)",
               f"- recomputation: CoLA-M recomputes {colam['recompute_flops_per_token'] / base_ckpt['recompute_flops_per_token']:.2f}x "
               f"what full-rank + full ckpt does (paper: about 5x cheaper, 0.2x)"]
-    elas = rows['ELAS']
+    elas = rows['elas']
     lines += [f"- ELAS: {elas['params_M'] / cola['params_M']:.2f}x CoLA's parameters and {elas['flops_per_token'] / cola['flops_per_token']:.2f}x "
               f"its dense FLOPs; its 2:4 sparse product skips {elas['sparse_flops_saved_per_token'] / 1e6:.1f} MFLOPs per token "
               f"({elas['sparse_flops_saved_per_token'] / elas['flops_per_token']:.1%} of its training FLOPs; not taken off the counts above, "
@@ -206,7 +210,7 @@ def markdown(rows):
         lines += [f"- throughput: CoLA {cola['tokens_per_s'] / base['tokens_per_s']:.2f}x full-rank (FLOP ratio "
                   f"{flop_ratio:.2f}x, so {cola['tokens_per_s'] / base['tokens_per_s'] / flop_ratio:.0%} of it turns into "
                   f"speed; paper: 1.86x), CoLA-M {colam['tokens_per_s'] / cola['tokens_per_s']:.2f}x CoLA, "
-                  f"DLR {rows['DLR']['tokens_per_s'] / cola['tokens_per_s']:.2f}x CoLA, ELAS {elas['tokens_per_s'] / cola['tokens_per_s']:.2f}x CoLA"]
+                  f"DLR {rows['dlr']['tokens_per_s'] / cola['tokens_per_s']:.2f}x CoLA, ELAS {elas['tokens_per_s'] / cola['tokens_per_s']:.2f}x CoLA"]
     if peak:
         lines += [f"- peak memory of a training step: CoLA-M {colam['peak_memory_GiB'] / cola['peak_memory_GiB']:.2f}x CoLA"]
     return '\n'.join(lines)
@@ -227,7 +231,7 @@ def params_table(paths):
         shape, _ = config_shape(path)
         with torch.device('meta'):
             model = Transformer(shape)
-        lines.append(f'| {path} | {shape.n_embd} | {shape.intermediate_size} | {shape.n_head} | {shape.n_layer} | '
+        lines.append(f'| {os.path.relpath(path, ROOT)} | {shape.n_embd} | {shape.intermediate_size} | {shape.n_head} | {shape.n_layer} | '
                      f'{shape.rank} | {shape.vocab_size} | {model.num_params(False) / 1e6:.1f} | {model.num_params() / 1e6:.1f} |')
     return '\n'.join(lines)
 
@@ -241,7 +245,7 @@ def memory_per_gpu_table(paths, gpus=8):
     print('| config | parallel | micro-batch | weights + grads + AdamW (GiB) | activations (GiB) | logits (GiB) | total (GiB) |')
     print('|---|---|---|---|---|---|---|', flush=True)
     for path in paths:
-        for mode in ('none', 'cola_m') if 'cola_' in path else ('none',):
+        for mode in ('none', 'cola-m') if 'cola_' in path else ('none',):
             shape, settings = config_shape(path, checkpointing=mode)
             with torch.device('meta'):
                 params = Transformer(shape).num_params(False)
@@ -249,7 +253,7 @@ def memory_per_gpu_table(paths, gpus=8):
             tokens = settings.get('batch_size', 64) * shape.block_size
             activations = activation_bytes(shape, 1, shape.block_size, dtype=torch.bfloat16) * shape.n_layer * tokens
             logits = tokens * shape.vocab_size * (2 + 4 + 4)
-            name = path + (' --checkpointing=cola_m' if mode == 'cola_m' else '')
+            name = os.path.relpath(path, ROOT) + (' --checkpointing=cola-m' if mode == 'cola-m' else '')
             print(f"| {name} | {settings.get('parallel', 'ddp')} | {tokens // shape.block_size} x {shape.block_size} | "
                   f"{states / 2**30:.1f} | {activations / 2**30:.1f} | {logits / 2**30:.1f} | "
                   f"{(states + activations + logits) / 2**30:.1f} |", flush=True)
@@ -259,7 +263,7 @@ def generation_benchmark(shape, device, ptdtype, batch, prompt_tokens, new_token
     """Tokens/s of KV-cached greedy generation, and memory of weights plus KV cache, full-rank vs CoLA."""
     rows = {}
     models = {name: Transformer(replace(shape, rank=r)).to(device, ptdtype).eval()
-              for name, r in [('full-rank', 0), ('CoLA', shape.rank)]}
+              for name, r in [('full-rank', 0), ('cola', shape.rank)]}
     idx = torch.randint(0, shape.vocab_size, (batch, prompt_tokens), device=device)
     times = {name: [] for name in models}
     for step in range(4):  # interleaved; the first round warms up
@@ -285,11 +289,32 @@ def generation_benchmark(shape, device, ptdtype, batch, prompt_tokens, new_token
         row['tokens_per_s'] = batch * new_tokens / sorted(times[name])[1]
         lines.append(f"| {name} | {row['params'] / 1e6:.1f} | {row['memory'] / 2**20:.0f} | {row['tokens_per_s']:,.1f} |"
                      + (f" {row['peak_GiB']:.2f} |" if 'peak_GiB' in row else ''))
-    full, cola = rows['full-rank'], rows['CoLA']
+    full, cola = rows['full-rank'], rows['cola']
     lines.append(f"\nCoLA: {cola['tokens_per_s'] / full['tokens_per_s']:.2f}x the generation throughput, "
                  f"{full['memory'] / cola['memory']:.2f}x less memory for weights + KV cache "
                  f"(paper: about 1.64x and 1.67x at r = d/4)")
     return '\n'.join(lines)
+
+
+def elas_sparse_benchmark(tokens=16384, dtype=torch.bfloat16):
+    """Forward+backward time of ELAS's FFN on CoLA layers with the 2:4 semi-structured sparse product
+    against the same FFN computed dense, at the 350m and 1b widths (CUDA)."""
+    from triton.testing import do_bench
+    print(f'ELAS FFN forward+backward, {tokens} tokens, {dtype}, {torch.cuda.get_device_name()}')
+    print('| widths | d | hidden | r | dense ms | 2:4 sparse ms | speed-up |')
+    print('|---|---|---|---|---|---|---|')
+    for name, (d, f, r) in {'350m': (1024, 2736, 256), '1b': (2048, 5461, 512)}.items():
+        mlp = elas.ElasMLP(d, f, lambda d_in, d_out: CoLALinear(d_in, d_out, r)).to('cuda', dtype)
+        elas.set_sparsity(mlp, True)
+        x = torch.randn(tokens, d, device='cuda', dtype=dtype, requires_grad=True)
+        dy = torch.randn(tokens, d, device='cuda', dtype=dtype)
+        ms = {}
+        for label, on in [('dense', False), ('sparse', True)]:
+            elas.SEMI_STRUCTURED = on
+            ms[label] = do_bench(lambda: torch.autograd.backward(mlp(x), dy), return_mode='median')
+        elas.SEMI_STRUCTURED = True
+        print(f"| ELAS {name} | {d} | {mlp.up_proj.B.size(1)} | {r} | {ms['dense']:.3f} | {ms['sparse']:.3f} | "
+              f"{ms['dense'] / ms['sparse']:.2f}x |")
 
 
 if __name__ == '__main__':
@@ -312,16 +337,22 @@ if __name__ == '__main__':
     as_json = False  # print JSON instead of Markdown
     table = ''  # 'params' or 'memory': instead, parameter counts or computed memory per GPU of every config/ file
     generation = False  # instead: KV-cached generation, CoLA against full-rank
+    elas_sparse = False  # instead: ELAS's FFN with the 2:4 sparse kernels against dense (CUDA)
     prompt_tokens, new_tokens = 16, 32  # for generation, with batch_size sequences
     settings = configure(public_settings(globals()), sys.argv[1:])
     globals().update(settings)
 
-    configs = sorted(glob.glob('config/full_*.py') + glob.glob('config/cola_*.py'),
+    configs = sorted(glob.glob(os.path.join(ROOT, 'config', 'full_*.py')) + glob.glob(os.path.join(ROOT, 'config', 'cola_*.py')),
                      key=lambda p: (['60m', '130m', '350m', '1b', '7b'].index(p.split('_')[-1][:-3]), p))
     if table not in ('', 'params', 'memory'):
         raise SystemExit(f"table={table!r}: expected 'params' or 'memory'")
     if table:
         print(params_table(configs)) if table == 'params' else memory_per_gpu_table(configs)
+        sys.exit()
+    if elas_sparse:
+        if not torch.cuda.is_available():
+            raise SystemExit("--elas_sparse times the 2:4 sparse kernels on a CUDA GPU, and this machine has none")
+        elas_sparse_benchmark()
         sys.exit()
     fields = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, intermediate_size=intermediate_size, rank=rank,
                   vocab_size=vocab_size or (50304 if config else 4096), only_lr_act=only_lr_act)

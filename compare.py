@@ -28,8 +28,10 @@ against tokens and against training FLOPs). A finished run is not run again, so 
 continues where it stopped.
 """
 
+import ctypes
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -38,6 +40,7 @@ import torch
 
 from configurator import configure, public_settings
 from model import ModelConfig, Transformer
+from shards import write_durably
 
 # ----------------------------------------------------------------------------- config
 out_dir = 'out-compare'
@@ -74,10 +77,10 @@ PAPER_SHAPE = dict(n_layer=8, n_head=8, n_embd=512, intermediate_size=1376)  # i
 
 def method_settings(method, steps):
     """train.py's settings for a method, its own schedules scaled to a run of that many steps."""
-    return dict(rank=rank) | {'full-rank': dict(rank=0), 'cola': {}, 'cola-m': dict(checkpointing='cola_m'),
+    return dict(rank=rank) | {'full-rank': dict(rank=0), 'cola': {}, 'cola-m': dict(checkpointing='cola-m'),
                               'dlr': dict(dlr_alpha=dlr_alpha),
                               'elas': dict(mlp='elas', elas_warmup_iters=round(elas_warmup * steps)),
-                              'tsvd': dict(layer='tsvd', tsvd_interval=max(1, steps // tsvd_adaptations))}[method]
+                              'tsvd': dict(projection='tsvd', tsvd_interval=max(1, steps // tsvd_adaptations))}[method]
 
 
 def regime():
@@ -97,27 +100,42 @@ def regime():
 
 
 def train(name, method, lr, seed, steps):
-    """Run train.py into out_dir/name (unless a finished run is there) and return its summary."""
+    """Run train.py into out_dir/name and return the run's summary. A finished run is reused only if it was
+    trained with these settings; an unfinished one resumes from its checkpoint (or starts over without one)."""
     run_dir = os.path.join(out_dir, name)
-    log_path = os.path.join(run_dir, 'log.jsonl')
-    if not (os.path.exists(log_path) and any(r.get('iter') == steps and 'val_loss' in r for r in read_log(log_path))):
-        if os.path.exists(log_path):
-            os.remove(log_path)  # an unfinished run starts over, so its log holds one run
-        args = [f'--{k}={v}' for k, v in dict(
-            data_dir=data_dir, out_dir=run_dir, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-            intermediate_size=intermediate_size, block_size=block_size, batch_size=batch_size,
-            gradient_accumulation_steps=gradient_accumulation_steps, max_iters=steps, lr_decay_iters=steps,
-            warmup_iters=round(warmup * steps), eval_interval=eval_interval, eval_tokens=eval_tokens, learning_rate=lr,
-            min_lr=lr / 10, seed=seed, device=device, dtype=dtype, compile_model=compile_model, keep_best=False,
-            log_interval=10, **method_settings(method, steps)).items()]
+    log_path, checkpoint = os.path.join(run_dir, 'log.jsonl'), os.path.join(run_dir, 'ckpt.pt')
+    settings = dict(
+        data_dir=data_dir, n_layer=n_layer, n_head=n_head, n_embd=n_embd, intermediate_size=intermediate_size,
+        block_size=block_size, batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
+        max_iters=steps, lr_decay_iters=steps, warmup_iters=round(warmup * steps), eval_interval=eval_interval,
+        eval_tokens=eval_tokens, learning_rate=lr, min_lr=lr / 10, seed=seed, device=device, dtype=dtype,
+        compile_model=compile_model, keep_best=False, log_interval=10, **method_settings(method, steps))
+    records = read_log(log_path) if os.path.exists(log_path) else []
+    for key, value in settings.items():
+        if records and key not in ('device', 'compile_model', 'log_interval') and records[0]['config'].get(key) != value:
+            raise SystemExit(f"{run_dir}/ holds a run trained with {key}={records[0]['config'].get(key)!r}, not "
+                             f"{value!r}: give this study another out_dir (a run is reused only with its own settings)")
+    if not any(r.get('iter') == steps and 'val_loss' in r for r in records):
+        start = ['--init_from=resume'] if os.path.exists(checkpoint) else ['--start_over=True'] if records else []
         launcher = [sys.executable] if nproc == 1 else [sys.executable, '-m', 'torch.distributed.run', '--standalone',
                                                          f'--nproc_per_node={nproc}']
         print(f"run {len(finished) + 1} of {total_runs}, {name}: training ...", flush=True)
-        done = subprocess.run(launcher + [os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')] + args)
+        done = subprocess.run(launcher + [os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')]
+                              + [f'--{k}={v}' for k, v in settings.items()] + [f'--out_dir={run_dir}'] + start,
+                              preexec_fn=die_with_parent)
         if done.returncode != 0:
             raise SystemExit(f"run {name} failed (exit {done.returncode}); its output is above")
     finished.append(name)
     return summary(name, read_log(log_path))
+
+
+def die_with_parent():
+    """In the child, before train.py starts: SIGTERM when compare.py ends, even by SIGKILL (Linux), so that
+    no run goes on alone; train.py then saves its step and stops, and the next compare.py resumes it."""
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except AttributeError:  # not Linux: the child outlives a killed parent
+        pass
 
 
 def read_log(path):
@@ -226,23 +244,15 @@ def rank_table(row):
     return '\n'.join(lines)
 
 
-def pyplot():
-    """matplotlib.pyplot drawing to files, or None (saying so) when matplotlib is not installed."""
-    try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-        return plt
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install matplotlib)")
-        return None
-
-
 def plot(study, path):
     """Validation loss against tokens and against FLOPs: each method's mean over seeds, and a band of
     +-1 standard deviation (at each evaluation; the FLOPs axis at the seeds' mean FLOPs)."""
-    plt = pyplot()
-    if plt is None:
+    try:
+        import matplotlib
+        matplotlib.use('Agg')  # to files, no display
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install matplotlib)")
         return False
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for method, runs in study.items():
@@ -263,7 +273,7 @@ def plot(study, path):
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    write_durably(path, lambda f: fig.savefig(f, format='png', dpi=100))
     return True
 
 
@@ -275,9 +285,14 @@ if __name__ == '__main__':
             raise SystemExit(f"methods: {method!r} is not one of full-rank, cola, cola-m, dlr, elas, tsvd")
     if not seeds:
         raise SystemExit(f"seeds={seeds}: expected one seed or more")
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"seeds={seeds}: a seed twice would count one run as two; expected distinct seeds")
     if not 0 < sweep_fraction <= 1:
         raise SystemExit(f"sweep_fraction={sweep_fraction}: expected a fraction in (0, 1]")
     plan = regime()
+    if plan['sweep_steps'] < 1 and any(m not in dict(learning_rates) for m in methods):
+        raise SystemExit(f"sweep_fraction={sweep_fraction} of max_iters={max_iters} is {plan['sweep_steps']} steps: the "
+                         f"sweep's runs would not train; expected at least 1 step (better: many)")
     print(regime_text(plan))
     os.makedirs(out_dir, exist_ok=True)
     best_lrs = dict(learning_rates)
@@ -292,8 +307,7 @@ if __name__ == '__main__':
     study = {method: [train(f'{method}-seed{seed}', method, best_lrs[method], seed, max_iters) for seed in seeds]
              for method in methods}
     table = markdown(plan, sweep, best_lrs, study)
-    with open(os.path.join(out_dir, 'compare.md'), 'w') as f:
-        f.write(table + '\n')
+    write_durably(os.path.join(out_dir, 'compare.md'), lambda f: f.write((table + '\n').encode()))
     print(table)
     if plot(study, os.path.join(out_dir, 'compare.png')):
         print(f"wrote {out_dir}/compare.md and {out_dir}/compare.png")

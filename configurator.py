@@ -27,11 +27,11 @@ def read_config_file(path):
 
 
 def _checked(key, value, default, source):
-    if default is None or value is None or type(value) is type(default):
+    if default is None or type(value) is type(default):
         return value
     if type(default) is float and type(value) is int:
         return float(value)
-    article = lambda t: ('an ' if t.__name__[0] in 'aeiou' else 'a ') + t.__name__  # noqa: E731
+    article = lambda t: 'None' if t is type(None) else ('an ' if t.__name__[0] in 'aeiou' else 'a ') + t.__name__  # noqa: E731
     raise SystemExit(f"{source}: {key}={value!r} is {article(type(value))}, expected {article(type(default))}")
 
 

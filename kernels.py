@@ -20,11 +20,7 @@ tests exercise them without a GPU). All accumulation is fp32. The ops are regist
 torch.library.triton_op, so torch.compile traces into them without graph breaks, and carry FLOP
 formulas so FlopCounterMode counts them.
 
-ELAS's 2:4 sparse product, sparse24_matmul, is here too: PyTorch's semi-structured sparse kernels on
-CUDA, a dense matmul elsewhere.
-
-`python kernels.py` benchmarks forward+backward against eager PyTorch and torch.compile, and ELAS's
-sparse FFN against the dense one (CUDA).
+`python kernels.py` benchmarks forward+backward against eager PyTorch and torch.compile (CUDA).
 """
 
 import os
@@ -162,37 +158,6 @@ def cola_matmul(x, A, B):
     return silu_matmul(x @ A, B)
 
 
-# ----------------------------------------------------------------------------- ELAS's 2:4 sparse product
-
-SEMI_STRUCTURED = True  # False: ELAS's sparse products run dense everywhere (for the benchmark)
-
-
-class _Sparse24MatMul(torch.autograd.Function):
-    """x @ w with x (M, K) 2:4 sparse, through PyTorch's semi-structured sparse kernels; backward is
-    dense (ELAS's straight-through estimator passes the gradient to every position of x)."""
-
-    @staticmethod
-    def forward(ctx, x, w):
-        ctx.save_for_backward(x, w)
-        return torch.mm(torch.sparse.to_sparse_semi_structured(x), w)
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, w = ctx.saved_tensors
-        return dy @ w.t(), x.t() @ dy
-
-
-def sparse24_matmul(x, w):
-    """x @ w for x (..., K) with 2 of every 4 consecutive values zero and w (K, N): on CUDA in fp16 or
-    bf16 on Ampere or newer, with both dimensions of x multiples of 64, through the semi-structured
-    sparse kernels (cuSPARSELt / CUTLASS); everywhere else a dense matmul with the same numbers."""
-    x2 = x.reshape(-1, x.size(-1))
-    if not (SEMI_STRUCTURED and x2.is_cuda and x2.dtype in (torch.float16, torch.bfloat16)
-            and torch.cuda.get_device_capability(x2.device)[0] >= 8 and x2.size(0) % 64 == 0 and x2.size(1) % 64 == 0):
-        return x @ w
-    return _Sparse24MatMul.apply(x2, w.to(x2.dtype)).view(*x.shape[:-1], w.size(1))
-
-
 # ----------------------------------------------------------------------------- benchmarks
 
 def benchmark(tokens=16384, dtype=torch.bfloat16):
@@ -224,32 +189,7 @@ def benchmark(tokens=16384, dtype=torch.bfloat16):
               f"{flops / ms['fused'] / 1e9:.0f} | {ms['eager'] / ms['fused']:.2f}x | {ms['compile'] / ms['fused']:.2f}x |")
 
 
-def benchmark_sparse24(tokens=16384, dtype=torch.bfloat16):
-    """Forward+backward time of ELAS's FFN (CoLA layers, 2:4 sparse activation) with the semi-structured
-    sparse product against the same FFN computed dense, at the 350m and 1b widths."""
-    from triton.testing import do_bench
-
-    from model import MLP, ModelConfig
-    global SEMI_STRUCTURED
-    print(f'ELAS FFN forward+backward, {tokens} tokens, {dtype}, {torch.cuda.get_device_name()}')
-    print('| widths | d | hidden | r | dense ms | 2:4 sparse ms | speed-up |')
-    print('|---|---|---|---|---|---|---|')
-    for name, (d, f, r) in {'350m': (1024, 2736, 256), '1b': (2048, 5461, 512)}.items():
-        config = ModelConfig(n_embd=d, intermediate_size=f, rank=r, n_head=d // 64, mlp='elas')
-        mlp = MLP(config).to('cuda', dtype)
-        x = torch.randn(tokens, d, device='cuda', dtype=dtype, requires_grad=True)
-        dy = torch.randn(tokens, d, device='cuda', dtype=dtype)
-        ms = {}
-        for label, on in [('dense', False), ('sparse', True)]:
-            SEMI_STRUCTURED = on
-            ms[label] = do_bench(lambda: torch.autograd.backward(mlp(x), dy), return_mode='median')
-        hidden = mlp.up_proj.B.size(1)
-        print(f"| ELAS {name} | {d} | {hidden} | {r} | {ms['dense']:.3f} | {ms['sparse']:.3f} | {ms['dense'] / ms['sparse']:.2f}x |")
-    SEMI_STRUCTURED = True
-
-
 if __name__ == '__main__':
     if not torch.cuda.is_available():
         raise SystemExit("python kernels.py benchmarks the Triton kernels on a CUDA GPU, and this machine has none")
     benchmark()
-    benchmark_sparse24()

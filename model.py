@@ -14,11 +14,14 @@ attention) are recomputed, never the down-projections A.
 
 Read top to bottom: config, building blocks (RMSNorm, RoPE, CoLALinear, attention, MLP), the
 CoLA-M checkpoint and the block, the model, and its helpers (parameter and FLOP counts, optimizer,
-generation).
+generation, loading a checkpoint). The other methods around CoLA live whole in files of their own
+under methods/ and are switched on here in one place each: a ModelConfig key, and one branch in
+build_projection (TSVD's layer) or Block (ELAS's MLP). DLR is a few lines inside CoLALinear.
 """
 
 import math
 import os
+import pickle
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -27,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from tsvd import TSVDLinear
+from methods import elas, tsvd
 
 try:
     import kernels  # the fused CoLA product; without Triton installed, CoLA layers run eager PyTorch
@@ -47,12 +50,12 @@ class ModelConfig:
     only_lr_act: bool = False  # True: the MLP drops SwiGLU's own SiLU (CoLA's layers are non-linear already)
     dlr_alpha: float = 0.0  # DLR: > 0 adds (alpha / sqrt(K)) * Expand_K(silu(z)) to each CoLA layer (paper: 1.0)
     dlr_scope: str = 'all'  # DLR on 'all' seven projections, or only on 'attn' or 'mlp'
-    mlp: str = 'swiglu'  # 'swiglu', or 'elas': down(sparsify24(relu(up(x))^2)), 1.5x as wide, no gate
-    layer: str = 'cola'  # the low-rank projection when rank > 0: 'cola', or 'tsvd' (tsvd.py; rank = start rank)
+    mlp: str = 'swiglu'  # 'swiglu', or 'elas' (methods/elas.py: 2:4 sparse squared-ReLU MLP)
+    projection: str = 'cola'  # the low-rank projection when rank > 0: 'cola', or 'tsvd' (methods/tsvd.py; rank = start rank)
     norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     # how to run it, not what it is: a checkpoint loads whatever these say
-    checkpointing: str = 'none'  # 'none' | 'full' (recompute whole blocks) | 'cola_m' (CoLA-M)
+    checkpointing: str = 'none'  # 'none' | 'full' (recompute whole blocks) | 'cola-m' (CoLA-M)
     fused_cola: bool = True  # up-projections through kernels.silu_matmul (Triton on CUDA); False: eager PyTorch
 
     def __post_init__(self):
@@ -68,19 +71,19 @@ class ModelConfig:
                              f"n_embd={self.n_embd} and intermediate_size={self.intermediate_size}")
         if not (self.norm_eps > 0 and self.rope_theta > 0):
             raise ValueError(f"norm_eps={self.norm_eps}, rope_theta={self.rope_theta}: expected positive numbers")
-        if self.checkpointing not in ('none', 'full', 'cola_m'):
-            raise ValueError(f"checkpointing={self.checkpointing!r}: expected 'none', 'full' or 'cola_m'")
+        if self.checkpointing not in ('none', 'full', 'cola-m'):
+            raise ValueError(f"checkpointing={self.checkpointing!r}: expected 'none', 'full' or 'cola-m'")
         if self.dlr_alpha < 0 or self.dlr_scope not in ('all', 'attn', 'mlp') or (self.dlr_alpha > 0 and self.rank == 0):
             raise ValueError(f"dlr_alpha={self.dlr_alpha}, dlr_scope={self.dlr_scope!r}: expected dlr_alpha 0 (off) or "
                              f"positive on CoLA layers (rank > 0), dlr_scope 'all', 'attn' or 'mlp'")
         if self.mlp not in ('swiglu', 'elas'):
             raise ValueError(f"mlp={self.mlp!r}: expected 'swiglu' or 'elas'")
-        if self.layer not in ('cola', 'tsvd') or (self.layer == 'tsvd' and (self.rank == 0 or self.dlr_alpha > 0
-                                                                             or self.checkpointing == 'cola_m')):
-            raise ValueError(f"layer={self.layer!r}: expected 'cola', or 'tsvd' with rank > 0 (its start rank) "
+        if self.projection not in ('cola', 'tsvd') or (self.projection == 'tsvd' and (
+                self.rank == 0 or self.dlr_alpha > 0 or self.checkpointing == 'cola-m')):
+            raise ValueError(f"projection={self.projection!r}: expected 'cola', or 'tsvd' with rank > 0 (its start rank) "
                              f"and without DLR or CoLA-M, which are for CoLA layers")
-        if self.checkpointing == 'cola_m' and self.rank == 0:
-            raise ValueError("checkpointing='cola_m' needs CoLA layers: set rank > 0 (got rank=0, a full-rank model)")
+        if self.checkpointing == 'cola-m' and self.rank == 0:
+            raise ValueError("checkpointing='cola-m' needs CoLA layers: set rank > 0 (got rank=0, a full-rank model)")
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -125,7 +128,7 @@ class CoLALinear(nn.Module):
         self.A = nn.Parameter(torch.randn(d_in, rank) * std)
         self.B = nn.Parameter(torch.randn(rank, d_out) * std)
         self.fused = fused and kernels is not None
-        self.sparse_input = False  # set by ELAS's MLP on its down_proj while sparsity is on
+        self.down_product = torch.matmul  # x @ A; ELAS swaps in its 2:4 sparse product (the same numbers)
         # DLR: a fixed B-shaped residual (see latent_residual), saved with the weights
         self.register_buffer('dlr_residual', latent_residual(rank, d_out, dlr_alpha) if dlr_alpha > 0 else None)
 
@@ -133,9 +136,7 @@ class CoLALinear(nn.Module):
         return self.up(self.down(x))
 
     def down(self, x):
-        if self.sparse_input and kernels is not None:  # ELAS: x is 2:4 sparse
-            return kernels.sparse24_matmul(x, self.A)
-        return x @ self.A
+        return self.down_product(x, self.A)
 
     def up(self, z):
         # The fused op (Triton on CUDA) applies SiLU inside the matmul and keeps only z for
@@ -165,38 +166,23 @@ def latent_residual(rank, d_out, alpha):
     return alpha / math.sqrt(K) * R
 
 
-def projection(d_in, d_out, config, part):
+def build_projection(d_in, d_out, config, part):
     """A projection of a block's part ('attn' or 'mlp'): nn.Linear for the full-rank baseline,
-    CoLALinear when config.rank > 0 (with DLR where config.dlr_scope covers the part), or TSVDLinear."""
-    if config.rank > 0 and config.layer == 'tsvd':
-        return TSVDLinear(d_in, d_out, config.rank)
+    CoLALinear when config.rank > 0 (with DLR where config.dlr_scope covers the part), or another
+    method's layer, each from its own file."""
+    if config.rank > 0 and config.projection == 'tsvd':
+        return tsvd.TSVDLinear(d_in, d_out, config.rank)
     if config.rank > 0:
         dlr = config.dlr_alpha if config.dlr_scope in ('all', part) else 0.0
         return CoLALinear(d_in, d_out, config.rank, config.fused_cola, dlr)
     return nn.Linear(d_in, d_out, bias=False)
 
 
-def elas_width(intermediate_size):
-    """ELAS's hidden width: 1.5x SwiGLU's (which has a gate too), rounded down to a multiple of 4."""
-    return int(1.5 * intermediate_size) // 4 * 4
-
-
-def sparsify24(h):
-    """ELAS's 2:4 activation sparsity: in each group of 4 consecutive features of h (..., n), keep the
-    2 of largest magnitude (ties: the first) and zero the other 2. Backward is straight-through: the
-    gradient passes every position as if nothing was zeroed."""
-    a = h.unflatten(-1, (-1, 4)).abs().unsqueeze(-1)  # (..., n / 4, 4, 1)
-    first = torch.arange(4, device=h.device)[:, None] < torch.arange(4, device=h.device)  # (4, 4): i before j
-    ahead = (a > a.mT) | ((a == a.mT) & first)  # (..., n / 4, 4, 4): feature i ranks ahead of feature j
-    keep = (ahead.sum(-2) < 2).flatten(-2)  # (..., n): fewer than 2 of its group rank ahead of it
-    return h - (h * ~keep).detach()  # forward h * keep; gradient identity
-
-
 class Attention(nn.Module):
     def __init__(self, config):
         super().__init__()
         d, self.n_head = config.n_embd, config.n_head
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (projection(d, d, config, 'attn') for _ in range(4))
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (build_projection(d, d, config, 'attn') for _ in range(4))
 
     def forward(self, x, cos, sin, kv_cache=None):
         return self.o_proj(self.attend(x, cos, sin, kv_cache))
@@ -207,35 +193,29 @@ class Attention(nn.Module):
         B, T, C = x.shape
         q, k, v = (p(x).view(B, T, self.n_head, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (B, H, T, hd)
+        past = kv_cache.length if kv_cache is not None else 0
         if kv_cache is not None:
-            k, v = kv_cache.append(k, v)  # (B, H, T_past + T, hd)
-        # Causal within the new tokens; a single new token (decoding) attends to every cached one.
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
+            k, v = kv_cache.append(k, v)  # (B, H, past + T, hd)
+        if past == 0:  # causal: is_causal's mask is aligned to the top-left, right when queries and keys start together
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
+        else:  # new token i sits at position past + i and sees keys 0 .. past + i
+            mask = torch.ones(T, past + T, dtype=torch.bool, device=q.device).tril(diagonal=past)  # (T, past + T)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return y.transpose(1, 2).reshape(B, T, C)
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)); with only_lr_act the gate's own SiLU is dropped.
-    ELAS (mlp='elas'): down(sparsify24(relu(up(x))^2)), with no gate and a hidden layer 1.5x as wide
-    (a multiple of 4), so that the parameters stay about SwiGLU's; after train.py's dense warm-up
-    (self.sparse off) the activation entering down is 2:4 sparse."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); with only_lr_act the gate's own SiLU is dropped."""
 
     def __init__(self, config):
         super().__init__()
         d, f = config.n_embd, config.intermediate_size
-        self.elas = config.mlp == 'elas'
-        if self.elas:
-            f = elas_width(f)
-        else:
-            self.gate_proj = projection(d, f, config, 'mlp')
-            self.gate_act = nn.Identity() if config.only_lr_act else nn.SiLU()
-        self.up_proj, self.down_proj = projection(d, f, config, 'mlp'), projection(f, d, config, 'mlp')
-        self.set_sparsity(self.elas)
+        self.gate_proj, self.up_proj = build_projection(d, f, config, 'mlp'), build_projection(d, f, config, 'mlp')
+        self.down_proj = build_projection(f, d, config, 'mlp')
+        self.gate_act = nn.Identity() if config.only_lr_act else nn.SiLU()
 
-    def set_sparsity(self, on):
-        self.sparse = on and self.elas
-        if isinstance(self.down_proj, CoLALinear):  # the sparse product: kernels.sparse24_matmul on a GPU
-            self.down_proj.sparse_input = self.sparse
+    def projections(self):
+        return [self.gate_proj, self.up_proj, self.down_proj]
 
     def forward(self, x):
         return self.down_proj(self.hidden_activation(x))
@@ -243,9 +223,6 @@ class MLP(nn.Module):
     def hidden_activation(self, x):
         """The hidden layer, down_proj's input (separate so that CoLA-M can cut the branch inside
         down_proj): (B, T, d) -> (B, T, f)."""
-        if self.elas:
-            h = F.relu(self.up_proj(x)).square()
-            return sparsify24(h) if self.sparse else h
         return self.gate_act(self.gate_proj(x)) * self.up_proj(x)
 
 
@@ -271,14 +248,15 @@ class Block(nn.Module):
         self.attn_norm = RMSNorm(config.n_embd, config.norm_eps)
         self.attn = Attention(config)
         self.mlp_norm = RMSNorm(config.n_embd, config.norm_eps)
-        self.mlp = MLP(config)
+        if config.mlp == 'elas':  # the same face as MLP's: projections(), hidden_activation(), down_proj
+            self.mlp = elas.ElasMLP(config.n_embd, config.intermediate_size, partial(build_projection, config=config, part='mlp'))
+        else:
+            self.mlp = MLP(config)
         self.checkpointing, self.rank = config.checkpointing, config.rank
 
     def projections(self):
-        """The block's projections, q, k, v, o, (gate,) up, down."""
-        mlp = self.mlp
-        return [self.attn.q_proj, self.attn.k_proj, self.attn.v_proj, self.attn.o_proj,
-                *([] if mlp.elas else [mlp.gate_proj]), mlp.up_proj, mlp.down_proj]
+        """The block's projections, q, k, v, o, then the MLP's (gate, up, down)."""
+        return [self.attn.q_proj, self.attn.k_proj, self.attn.v_proj, self.attn.o_proj, *self.mlp.projections()]
 
     def forward(self, x, cos, sin, kv_cache=None):
         mode = self.checkpointing if torch.is_grad_enabled() else 'none'
@@ -286,7 +264,7 @@ class Block(nn.Module):
         if mode == 'full':  # vanilla gradient checkpointing: keep x, recompute the whole block in backward
             return checkpoint(self.plain_forward, x, cos, sin, use_reentrant=False, preserve_rng_state=False,
                               early_stop=False)
-        if mode == 'cola_m':
+        if mode == 'cola-m':
             return self.cola_m_forward(x, cos, sin)
         return self.plain_forward(x, cos, sin, kv_cache)
 
@@ -342,7 +320,7 @@ class Transformer(nn.Module):
     def forward(self, idx, targets=None, kv_caches=None):
         """idx (B, T) token ids -> logits (B, T, vocab_size) and, given targets (B, T), the mean
         cross-entropy (targets of -1 are ignored). kv_caches (one per block) turns on incremental
-        decoding: idx then holds only the new tokens."""
+        decoding: idx then holds only the new tokens, one or more, each seeing every cached position."""
         B, T = idx.shape
         start = kv_caches[0].length if kv_caches else 0
         if start + T > self.config.block_size:
@@ -381,22 +359,10 @@ class Transformer(nn.Module):
             forward += layer
             if c.checkpointing == 'full':  # the whole block again
                 recompute += layer
-            elif c.checkpointing == 'cola_m':  # attention and the up-projections inside the checkpoints (not o's, down's)
+            elif c.checkpointing == 'cola-m':  # attention and the up-projections inside the checkpoints (not o's, down's)
                 recompute += 2 * sum(proj.B.numel() for proj in block.projections()
                                      if proj not in (block.attn.o_proj, block.mlp.down_proj)) + attention
         return 3 * forward + recompute
-
-    def sparse_flops_saved(self):
-        """ELAS: forward FLOPs per token that a 2:4 sparse product skips: half of the product of the
-        sparse activation with down_proj's first factor (A, or W at rank 0). Not taken off
-        flops_per_token, which counts dense FLOPs (backward is dense: straight-through)."""
-        c = self.config
-        return c.n_layer * elas_width(c.intermediate_size) * (c.rank or c.n_embd) if c.mlp == 'elas' else 0
-
-    def set_sparsity(self, on):
-        """ELAS: 2:4 sparsity on (after the dense warm-up) or off."""
-        for block in self.blocks:
-            block.mlp.set_sparsity(on)
 
     def fold_dlr(self):
         """DLR folded into B (exact): this model becomes a plain CoLA model with the same outputs,
@@ -434,8 +400,8 @@ class Transformer(nn.Module):
             logits = logits[:, -1, :].float()  # (B, vocab_size)
             if temperature == 0:
                 new = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
+            else:  # the largest logit moved to 0 first, so that a tiny temperature overflows nothing (greedy in the limit)
+                logits = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
                 if top_k is not None:
                     kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
                     logits[logits < kth] = -float('inf')
@@ -445,13 +411,35 @@ class Transformer(nn.Module):
 
 
 def load_checkpoint(path):
-    """A checkpoint of train.py as a dict, or a one-line exit saying what is wrong with it."""
+    """A checkpoint of train.py as a dict, or a one-line exit saying what is wrong with it. Loaded as data
+    (weights_only): a file someone hands over never runs code."""
+    if not os.path.exists(path):
+        raise SystemExit(f"{path} does not exist")
     try:
-        checkpoint = torch.load(path, map_location='cpu', weights_only=False)
+        checkpoint = torch.load(path, map_location='cpu', weights_only=True)
     except Exception as e:
         best = os.path.join(os.path.dirname(path), 'best.pt')
-        raise SystemExit(f"{path} is truncated or corrupt ({type(e).__name__})"
+        why = 'holds objects other than tensors and plain values' if isinstance(e, pickle.UnpicklingError) else 'is truncated or corrupt'
+        raise SystemExit(f"{path} {why} ({type(e).__name__})"
                          + (f"; {best} holds the best state so far" if os.path.exists(best) and best != path else '')) from None
     if not isinstance(checkpoint, dict) or not {'model', 'model_config', 'config', 'encoding'} <= checkpoint.keys():
         raise SystemExit(f"{path} is not a checkpoint of train.py")
     return checkpoint
+
+
+def model_from_checkpoint(checkpoint, device='cpu', path='the checkpoint', **how):
+    """The model of a checkpoint as it was trained (TSVD's ranks then, ELAS's sparsity then), on device,
+    run as `how` says (checkpointing, fused_cola; default: no checkpointing). The one place that builds
+    a model from a checkpoint: train.py's resume, sample.py, analyze.py and the tests use it."""
+    try:
+        config = ModelConfig(**{**checkpoint['model_config'], 'checkpointing': 'none', **how})
+        with torch.device(device):
+            model = Transformer(config)
+        tsvd.match_ranks(model, checkpoint['model'])
+        model.load_state_dict(checkpoint['model'])
+        if config.mlp == 'elas':
+            elas.set_sparsity(model, checkpoint['iter_num'] >= checkpoint['config']['elas_warmup_iters'])
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:  # a hand-edited or mismatched file
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SystemExit(f"{path}: its weights do not make the model its model_config describes ({why[:200]})") from None
+    return model

@@ -9,7 +9,7 @@ Each document becomes its tokens (tiktoken's GPT-2 BPE, or UTF-8 bytes with enco
 end-of-text token; each source file one shard, {split}_{i:06d}.bin: C4's json.gz files through
 `datasets`, or the files of the glob input_files (.json/.json.gz/.jsonl with a "text" field per
 line, or .txt, one document per file), the validation split then being val_files or else the first
-val_tokens tokens of the first input file. A shard is written to a temporary file, flushed to disk
+val_tokens tokens of the input files (the first file, or as many of the first files as that takes). A shard is written to a temporary file, flushed to disk
 and renamed, so one that exists is complete: a rerun skips those and ends with the same bytes as a
 clean run. meta.json records the settings; a folder made with other settings is refused.
 """
@@ -26,12 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from tqdm import tqdm
 
-MAGIC, VERSION, HEADER_INTS = 0x436F4C41, 1, 256  # MAGIC spells 'CoLA'
+from shards import get_encoding, load_meta, read_shard, write_durably, write_shard
 
 # ----------------------------------------------------------------------------- config
 out_dir = 'data/c4'
 input_files = ''  # '' = C4 through datasets; else a glob of local .json/.json.gz/.jsonl/.txt files
-val_files = ''  # local mode: a glob of validation files; '' = the first val_tokens tokens of input_files[0]
+val_files = ''  # local mode: a glob of validation files; '' = the first val_tokens tokens of the input files
 val_tokens = 100_000
 train_shards = 9  # C4 train files (of 1024, ~150M GPT-2 tokens each): 9 covers cola_60m's 1.31B tokens
 val_shards = 1  # C4 validation files (of 8)
@@ -40,70 +40,7 @@ num_proc = os.cpu_count()  # encoding threads
 c4_path = 'allenai/c4'  # the dataset repository (or a local folder laid out like it)
 
 
-# ----------------------------------------------------------------------------- shard format
-
-def write_durably(path, write):
-    """write(f) into path atomically and durably: into a temporary file of this process's own,
-    flushed to disk, then renamed into place and the rename flushed too (power cuts included)."""
-    tmp = f'{path}.tmp{os.getpid()}'
-    with open(tmp, 'wb') as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    folder = os.open(os.path.dirname(path) or '.', os.O_RDONLY)
-    os.fsync(folder)
-    os.close(folder)
-
-
-def write_shard(path, tokens):  # the header, then the tokens
-    header = np.zeros(HEADER_INTS, dtype=np.int32)
-    header[:3] = MAGIC, VERSION, len(tokens)
-    write_durably(path, lambda f: f.write(header.tobytes() + np.asarray(tokens, dtype=np.uint16).tobytes()))
-
-
-def read_shard(path):
-    """The tokens of a shard, as a read-only uint16 memmap; ValueError naming what is wrong."""
-    size = os.path.getsize(path)
-    if size < HEADER_INTS * 4:
-        raise ValueError(f"{path}: cut inside its header ({size} bytes)")
-    header = np.fromfile(path, dtype=np.int32, count=HEADER_INTS)
-    if header[0] != MAGIC or header[1] != VERSION:
-        raise ValueError(f"{path}: not a version-{VERSION} nanoCoLA token shard (wrong magic number)")
-    if size - HEADER_INTS * 4 != 2 * header[2]:
-        raise ValueError(f"{path}: truncated: the header says {header[2]} tokens, the file holds {size} bytes")
-    return np.memmap(path, dtype=np.uint16, mode='r', offset=HEADER_INTS * 4, shape=(int(header[2]),))
-
-
-def load_meta(data_dir):
-    return json.loads(open(os.path.join(data_dir, 'meta.json')).read())
-
-
-# ----------------------------------------------------------------------------- encodings and sources
-
-class ByteEncoding:
-    """UTF-8 bytes 0..255 and an end-of-text token 256, with the methods of tiktoken's we use."""
-    name, n_vocab, eot_token = 'byte', 257, 256
-
-    def encode_to_numpy(self, text, disallowed_special=()):
-        return np.frombuffer(text.encode('utf-8'), dtype=np.uint8)
-
-    def decode(self, tokens):
-        return bytes(t for t in tokens if t < 256).decode('utf-8', errors='replace')
-
-
-def get_encoding(name):
-    if name == 'byte':
-        return ByteEncoding()
-    if name != 'gpt2':
-        raise SystemExit(f"encoding={name!r}: expected 'gpt2' or 'byte'")
-    try:
-        import tiktoken
-        return tiktoken.get_encoding('gpt2')
-    except Exception as e:  # tiktoken downloads its BPE files once, then caches them
-        raise SystemExit(f"could not load tiktoken's gpt2 encoding ({type(e).__name__}); offline, point "
-                         f"TIKTOKEN_CACHE_DIR at a folder holding its files, or use --encoding=byte") from None
-
+# ----------------------------------------------------------------------------- sources
 
 def read_local(path):
     """The documents of a local file, in order."""
@@ -141,7 +78,13 @@ def read_c4(data_file):
 
 
 def local_files(pattern):
-    files = sorted(glob.glob(pattern, recursive=True))
+    """The files of a glob in sorted order, each real file once (a symlink loop or a second link to a file
+    would read it again and again)."""
+    files, seen = [], set()
+    for f in sorted(glob.glob(pattern, recursive=True)):
+        if os.path.isfile(f) and os.path.realpath(f) not in seen:
+            seen.add(os.path.realpath(f))
+            files.append(f)
     if not files:
         raise SystemExit(f"no files match {pattern!r}")
     for f in files:
@@ -171,14 +114,17 @@ def save(meta, shard=None, tokens=None):
     write_durably(os.path.join(out_dir, 'meta.json'), lambda f: f.write(json.dumps(meta, indent=1).encode()))
 
 
-def write_split(enc, pool, meta, split, sources, first_offset=0):
+def write_split(enc, pool, meta, split, sources, taken=()):
     """One shard per source, {split}_{i:06d}.bin, skipping those a previous run finished; the first
-    source's first first_offset tokens are left out (the validation split took them)."""
+    taken[i] tokens of source i are left out (the validation split took them)."""
     shards = []
     for i, source in enumerate(tqdm(sources, desc=split, unit=' files', dynamic_ncols=True)):
         name = f'{split}_{i:06d}.bin'
-        if not os.path.exists(os.path.join(out_dir, name)):
-            tokens = tokenize(enc, source, pool)[first_offset if i == 0 else 0:]
+        if os.path.exists(os.path.join(out_dir, name)):
+            check_unchanged(meta, source, name)
+        else:
+            meta.setdefault('stamps', {})[source] = stamp(source)
+            tokens = tokenize(enc, source, pool)[taken[i] if i < len(taken) else 0:]
             if len(tokens) == 0:
                 continue
             save(meta, name, tokens)
@@ -190,20 +136,51 @@ def write_split(enc, pool, meta, split, sources, first_offset=0):
     save(meta)
 
 
-def split_off_validation(enc, pool, meta, first_file):
-    """The first val_tokens tokens of the first input file, as val_000000.bin."""
-    if not os.path.exists(os.path.join(out_dir, 'val_000000.bin')):
-        tokens = tokenize(enc, first_file, pool)
-        if len(tokens) <= val_tokens:
-            raise SystemExit(f"{first_file} holds only {len(tokens):,} tokens, all taken by the validation split "
-                             f"(val_tokens={val_tokens:,}): pass a lower --val_tokens or --val_files")
-        meta['splits']['val'] = {'sources': [first_file], 'shards': ['val_000000.bin'], 'tokens': val_tokens}
-        save(meta, 'val_000000.bin', tokens[:val_tokens])
+def split_off_validation(enc, pool, meta, files):
+    """The first val_tokens tokens of the input files, in order, as val_000000.bin: from the first file,
+    or from as many of the first files as that takes (a folder of small documents). Returns how many
+    tokens it took from each of those files, which the train split leaves out."""
+    if 'val' in meta['splits']:  # a rerun: the split is made
+        for source in meta['splits']['val']['sources']:
+            check_unchanged(meta, source, 'val_000000.bin')
+        return meta['splits']['val'].get('taken', [val_tokens])  # (folders made before 'taken': the first file's)
+    parts, taken, total = [], [], 0
+    for source in files:
+        meta.setdefault('stamps', {})[source] = stamp(source)
+        tokens = tokenize(enc, source, pool)
+        take = min(len(tokens), val_tokens - total)
+        parts.append(tokens[:take])
+        taken.append(take)
+        total += take
+        if total == val_tokens:
+            break
+    if total < val_tokens or (len(taken) == len(files) and take == len(tokens)):  # nothing left to train on
+        raise SystemExit(f"the input files hold only {total:,} tokens, all taken by the validation split "
+                         f"(val_tokens={val_tokens:,}): pass a lower --val_tokens or --val_files")
+    meta['splits']['val'] = {'sources': files[:len(taken)], 'shards': ['val_000000.bin'], 'tokens': val_tokens,
+                             'taken': taken}
+    save(meta, 'val_000000.bin', np.concatenate(parts))
+    return taken
 
 
-def open_out_dir(enc, settings):
-    """meta.json of out_dir if it was made with these settings (a rerun), else a new one; refuses a
-    folder made with other settings. Nothing is created yet."""
+def stamp(source):
+    """A local source's size and modification time (None for C4's files), recorded when it is read."""
+    if not input_files:
+        return None
+    st = os.stat(source)
+    return [st.st_size, st.st_mtime_ns]
+
+
+def check_unchanged(meta, source, shard):
+    """A rerun keeps a finished shard only if its source has not changed since it was read."""
+    if meta.get('stamps', {}).get(source, stamp(source)) != stamp(source):
+        raise SystemExit(f"{source} changed since {out_dir}/{shard} was made from it: make the data anew into "
+                         f"another out_dir (or delete {out_dir}/ first)")
+
+
+def open_out_dir(settings):
+    """meta.json of out_dir if it was made with these settings (a rerun), else None; refuses a folder
+    made with other settings. Nothing is created yet."""
     if os.path.exists(os.path.join(out_dir, 'meta.json')):
         meta = load_meta(out_dir)
         for key, value in settings.items():
@@ -213,31 +190,37 @@ def open_out_dir(enc, settings):
         return meta
     if glob.glob(os.path.join(out_dir, '*.bin')):
         raise SystemExit(f"{out_dir}/ holds .bin files but no meta.json; use another out_dir")
-    if not os.path.exists(out_dir):
-        try:  # can out_dir be made? (made, then removed: a run that fails leaves nothing behind)
-            os.makedirs(out_dir)
-            os.removedirs(out_dir)
-        except OSError as e:
-            raise SystemExit(f"out_dir={out_dir!r} cannot be created ({e.strerror})") from None
-    return {'settings': settings, 'encoding': enc.name, 'vocab_size': enc.n_vocab, 'eot': enc.eot_token, 'splits': {}}
+    existing = os.path.abspath(out_dir)  # can out_dir be made? Asked of its nearest existing folder, touching nothing
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        raise SystemExit(f"out_dir={out_dir!r} cannot be created ({existing} is "
+                         f"{'not a folder' if not os.path.isdir(existing) else 'not writable'})")
+    return None
 
 
 def prepare():
-    enc = get_encoding(encoding)
+    for name, value, low, high in [('val_tokens', val_tokens, 1, None), ('train_shards', train_shards, 1, 1024),
+                                   ('val_shards', val_shards, 1, 8), ('num_proc', num_proc, 1, None)]:
+        if not isinstance(value, int) or value < low or (high and value > high):
+            raise SystemExit(f"{name}={value!r}: expected an integer from {low}" + (f" to {high}" if high else " up"))
     if not input_files:
         val = [f'en/c4-validation.{i:05d}-of-00008.json.gz' for i in range(val_shards)]
         train = [f'en/c4-train.{i:05d}-of-01024.json.gz' for i in range(train_shards)]
     else:
         train, val = local_files(input_files), local_files(val_files) if val_files else None
-    settings = {'encoding': enc.name, 'c4_path': None if input_files else c4_path, 'train_files': train,
+    settings = {'encoding': encoding, 'c4_path': None if input_files else c4_path, 'train_files': train,
                 'val_files': val, 'val_tokens': None if val else val_tokens}
-    meta = open_out_dir(enc, settings)
+    meta = open_out_dir(settings)  # before the encoding loads: a folder made otherwise is refused offline too
+    enc = get_encoding(encoding)
+    meta = meta or {'settings': settings, 'encoding': enc.name, 'vocab_size': enc.n_vocab, 'eot': enc.eot_token,
+                    'splits': {}}
     with ThreadPoolExecutor(num_proc) as pool:  # a rerun skips every shard that exists
         if val:
             write_split(enc, pool, meta, 'val', val)
+            write_split(enc, pool, meta, 'train', train)
         else:  # the first val_tokens tokens are validation, the rest train
-            split_off_validation(enc, pool, meta, train[0])
-        write_split(enc, pool, meta, 'train', train, first_offset=0 if val else val_tokens)
+            write_split(enc, pool, meta, 'train', train, taken=split_off_validation(enc, pool, meta, train))
     for split, state in meta['splits'].items():
         print(f"{split}: {state['tokens']:,} tokens in {len(state['shards'])} shard(s)")
     print(f"wrote {out_dir}/ ({meta['encoding']}, vocab {meta['vocab_size']})")

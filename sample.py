@@ -6,7 +6,7 @@ Generate text from a checkpoint of train.py.
 
 Every checkpoint works: CoLA-M only changes what training keeps for backward, so the same weights
 generate the same text; a DLR model is folded into a plain CoLA model first (exact); a TSVD model
-generates from its factors at the ranks training reached. Decoding uses the encoding the training data
+generates from its factors at the ranks training reached; an ELAS model with the sparsity it was at. Decoding uses the encoding the training data
 was made with (recorded in the checkpoint: gpt2 or byte). The generation benchmark is in bench.py.
 """
 
@@ -16,9 +16,8 @@ import sys
 import torch
 
 from configurator import configure, public_settings
-from model import ModelConfig, Transformer, load_checkpoint
-from prepare import get_encoding, load_meta
-from tsvd import match_ranks
+from model import load_checkpoint, model_from_checkpoint
+from shards import get_encoding, load_meta
 
 # ----------------------------------------------------------------------------- config
 out_dir = 'out'
@@ -43,10 +42,7 @@ def load_model(out_dir):
     if os.path.exists(os.path.join(data_dir, 'meta.json')) and load_meta(data_dir)['encoding'] != enc.name:
         raise SystemExit(f"{path} was trained on encoding={enc.name!r} tokens but {data_dir}/ now holds "
                          f"{load_meta(data_dir)['encoding']!r} tokens: which vocabulary to decode with is unclear")
-    model = Transformer(ModelConfig(**checkpoint['model_config']))
-    match_ranks(model, checkpoint['model'])  # TSVD: the ranks training had reached
-    model.load_state_dict(checkpoint['model'])
-    return model.fold_dlr(), enc  # DLR's residual folded into B: a plain CoLA model, the same outputs
+    return model_from_checkpoint(checkpoint, path=path).fold_dlr(), enc  # DLR's residual folded into B: a plain CoLA model, the same outputs
 
 
 def read_prompt(start):
@@ -70,7 +66,9 @@ if __name__ == '__main__':
                                       ('max_new_tokens', max_new_tokens, max_new_tokens >= 0, 'at least 0'),
                                       ('temperature', temperature, temperature >= 0, '0 (greedy) or more'),
                                       ('top_k', top_k, top_k is None or top_k >= 1, 'at least 1'),
-                                      ('dtype', dtype, dtype in ('float32', 'bfloat16'), "'float32' or 'bfloat16'")]:
+                                      ('dtype', dtype, dtype in ('float32', 'bfloat16'), "'float32' or 'bfloat16'"),
+                                      ('device', device, device == 'cpu' or (device.startswith('cuda') and torch.cuda.is_available()),
+                                       "'cpu', or 'cuda' on a machine with a CUDA GPU")]:
         if not ok:
             raise SystemExit(f"{name}={value}: expected {expected}")
     torch.manual_seed(seed)

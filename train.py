@@ -13,6 +13,8 @@ import fcntl
 import json
 import math
 import os
+import re
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -22,13 +24,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
+                                                     set_optimizer_state_dict)
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import tsvd
 from configurator import configure, public_settings
-from model import ModelConfig, Transformer, load_checkpoint
-from prepare import load_meta, read_shard, write_durably
+from methods import elas, tsvd
+from model import ModelConfig, Transformer, load_checkpoint, model_from_checkpoint
+from shards import load_meta, read_shard, shard_path, write_durably
 
 # ----------------------------------------------------------------------------- config
 # I/O
@@ -38,6 +40,7 @@ eval_interval = 1000  # evaluate, then checkpoint, every this many steps (and at
 eval_tokens = 10_000_000  # the validation budget: the same first tokens of the val split each time
 log_interval = 10
 init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+start_over = False  # True: init_from='scratch' into an out_dir that holds a run deletes that run first (else refused)
 always_save_checkpoint = True  # the latest state, at every evaluation
 keep_best = True  # also keep the state with the best validation loss as best.pt
 keep_checkpoints = False  # also keep every evaluation's state as ckpt_{iter}.pt: a trajectory for analyze.py
@@ -59,10 +62,10 @@ only_lr_act = False
 dlr_alpha = 0.0  # DLR: > 0 switches on the latent residual (paper: 1.0)
 dlr_scope = 'all'
 mlp = 'swiglu'  # or 'elas': squared-ReLU MLP with 2:4 activation sparsity
-layer = 'cola'  # or 'tsvd': orthonormal truncated-SVD projections whose rank shrinks (tsvd.py)
+projection = 'cola'  # or 'tsvd': orthonormal truncated-SVD projections whose rank shrinks (methods/tsvd.py)
 norm_eps = 1e-6
 rope_theta = 10000.0
-checkpointing = 'none'
+checkpointing = 'none'  # or 'full' (whole blocks recomputed), or 'cola-m' (CoLA-M)
 fused_cola = True
 # optimizer: AdamW, linear warmup then cosine decay to min_lr
 learning_rate = 6e-3
@@ -103,8 +106,8 @@ if not learning_rate > 0:
     raise SystemExit(f"learning_rate={learning_rate}: expected a positive number")
 if not 0 < tsvd_energy <= 1:
     raise SystemExit(f"tsvd_energy={tsvd_energy}: expected a fraction in (0, 1]")
-if layer == 'tsvd' and parallel == 'fsdp':
-    raise SystemExit("layer='tsvd' with parallel='fsdp': TSVD's rank changes reshape the parameters, which FSDP2's "
+if projection == 'tsvd' and parallel == 'fsdp':
+    raise SystemExit("projection='tsvd' with parallel='fsdp': TSVD's rank changes reshape the parameters, which FSDP2's "
                      "shards do not follow; use parallel='ddp'")
 if device.split(':')[0] not in ('cpu', 'cuda') or (device.startswith('cuda') and not torch.cuda.is_available()):
     raise SystemExit(f"device={device!r}: expected 'cpu', or 'cuda' / 'cuda:N' on a machine with a CUDA GPU")
@@ -145,7 +148,7 @@ class TokenStream:
     def __init__(self, split, shuffled):
         self.shards = []
         for name in meta['splits'][split]['shards']:
-            path = os.path.join(data_dir, name)
+            path = shard_path(data_dir, name)
             try:
                 tokens = read_shard(path)
             except (OSError, ValueError) as e:
@@ -216,9 +219,15 @@ if init_from == 'resume':
         raise SystemExit(f"{checkpoint_path} was trained on encoding={checkpoint['encoding']!r} data, "
                          f"but {data_dir}/ holds {meta['encoding']!r} tokens")
     for key, value in checkpoint['model_config'].items():  # how to run it may change, what it is may not
-        if key not in ('checkpointing', 'fused_cola') and model_fields[key] != value:
-            raise SystemExit(f"{key}={model_fields[key]!r} differs from the checkpoint's {key}={value!r}: "
+        if key not in ('checkpointing', 'fused_cola') and model_fields.get(key) != value:
+            raise SystemExit(f"{key}={model_fields.get(key)!r} differs from the checkpoint's {key}={value!r}: "
                              f"resume with the checkpoint's settings, or train into another out_dir")
+    if checkpoint['config'].get('seed', seed) != seed:  # the same data order, or the run is not one run
+        raise SystemExit(f"seed={seed} differs from the checkpoint's seed={checkpoint['config']['seed']}: it sets the "
+                         f"order of the training data; resume with --seed={checkpoint['config']['seed']}")
+    if checkpoint.get('data_splits', meta['splits']) != meta['splits']:
+        raise SystemExit(f"{data_dir}/ holds other data than the run was trained on (its meta.json differs from the "
+                         f"checkpoint's record): resume with the run's data_dir={checkpoint['config']['data_dir']!r}")
 if meta['vocab_size'] > model_fields['vocab_size']:
     raise SystemExit(f"vocab_size={model_fields['vocab_size']} is smaller than the vocabulary of {data_dir}/ "
                      f"({meta['encoding']}, {meta['vocab_size']} tokens)")
@@ -226,10 +235,11 @@ try:
     model_config = ModelConfig(**model_fields)
 except ValueError as e:
     raise SystemExit(str(e)) from None
-with torch.device(device):  # built where it runs (a 7b model would not fit in 8 copies in host memory)
-    model = raw_model = Transformer(model_config)
-if checkpoint is not None:
-    tsvd.match_ranks(raw_model, checkpoint['model'])  # the TSVD ranks the run had reached
+if checkpoint is None:
+    with torch.device(device):  # built where it runs (a 7b model would not fit in 8 copies in host memory)
+        raw_model = Transformer(model_config)
+else:  # the weights as they were (TSVD: at the ranks the run had reached), run as this run says
+    raw_model = model_from_checkpoint(checkpoint, device, checkpoint_path, checkpointing=checkpointing, fused_cola=fused_cola)
 log(f"{raw_model.num_params() / 1e6:.2f}M non-embedding parameters ({raw_model.num_params(False) / 1e6:.2f}M in all), "
     f"{tokens_per_step:,} tokens per step = {batch_size} x {block_size} x {gradient_accumulation_steps} x {world_size}")
 
@@ -247,9 +257,7 @@ elif dtype == 'bfloat16':  # fp32 master weights, bf16 matmuls
 optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 iter_num, best_val_loss, data_position, flops_spent = 0, float('inf'), 0, 0  # data_position: the next train sequence
 if checkpoint is not None:
-    full = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(raw_model, checkpoint['model'], options=full)
-    set_optimizer_state_dict(raw_model, optimizer, checkpoint['optimizer'], options=full)
+    set_optimizer_state_dict(raw_model, optimizer, checkpoint['optimizer'], options=StateDictOptions(full_state_dict=True))
     iter_num, best_val_loss, data_position = checkpoint['iter_num'], checkpoint['best_val_loss'], checkpoint['data_position']
     flops_spent = checkpoint['flops_spent']
     torch.set_rng_state(checkpoint['rng']['cpu'])
@@ -318,7 +326,7 @@ def save_checkpoint(path):
     state = {
         'model': get_model_state_dict(raw_model, options=full),
         'optimizer': get_optimizer_state_dict(raw_model, optimizer, options=full),
-        'model_config': vars(model_config), 'config': config, 'encoding': meta['encoding'],
+        'model_config': vars(model_config), 'config': config, 'encoding': meta['encoding'], 'data_splits': meta['splits'],
         'iter_num': iter_num, 'data_position': data_position, 'flops_spent': flops_spent,
         'best_val_loss': best_val_loss,
         'rng': {'cpu': torch.get_rng_state(), 'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None},
@@ -335,9 +343,12 @@ def stop_if_not_finite(value, what):
 
 # ----------------------------------------------------------------------------- training loop
 if master:
-    os.makedirs(out_dir, exist_ok=True)
-    # One run at a time in out_dir: the lock is the kernel's, released when this process ends, however it ends.
-    lock_file = open(os.path.join(out_dir, 'train.lock'), 'a+')
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        # One run at a time in out_dir: the lock is the kernel's, released when this process ends, however it ends.
+        lock_file = open(os.path.join(out_dir, 'train.lock'), 'a+')
+    except OSError as e:
+        raise SystemExit(f"out_dir={out_dir!r} cannot be written ({e.strerror}): use a writable folder") from None
     try:
         fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -347,6 +358,14 @@ if master:
     lock_file.truncate(0)
     lock_file.write(str(os.getpid()))
     lock_file.flush()
+    earlier_run = sorted(f for f in os.listdir(out_dir) if f in ('ckpt.pt', 'best.pt', 'log.jsonl')
+                         or re.fullmatch(r'ckpt_\d+\.pt', f))
+    if init_from == 'scratch' and earlier_run:
+        if not start_over:
+            raise SystemExit(f"{out_dir}/ already holds a run ({os.path.basename(earlier_run[0])}): continue it with "
+                             f"--init_from=resume, train into another out_dir, or delete it with --start_over=True")
+        for f in earlier_run:
+            os.remove(os.path.join(out_dir, f))
     log_file = open(os.path.join(out_dir, 'log.jsonl'), 'a')
     log_file.write(json.dumps({'config': config, 'model_config': vars(model_config), 'tokens_per_step': tokens_per_step,
                                'flops_per_token': raw_model.flops_per_token(block_size),
@@ -372,15 +391,30 @@ def record(entry):
             wandb.log(entry, step=entry['iter'])
 
 
+stop_requested = None  # the signal that asked this run to stop
+
+
+def request_stop(signum, frame):
+    """SIGTERM (a scheduler about to preempt) or Ctrl-C: finish the step, save, stop. A second one stops at once
+    (a checkpoint being written is then not renamed into place: the previous one stays whole)."""
+    global stop_requested
+    if stop_requested:
+        raise SystemExit(f"{signal.Signals(signum).name} again: stopped at once; {checkpoint_path} holds the last saved state")
+    stop_requested = signal.Signals(signum).name
+
+
+signal.signal(signal.SIGTERM, request_stop)
+signal.signal(signal.SIGINT, request_stop)
 start_iter = timed_from = iter_num  # timed_from: the step where the current timing started
 process_start = t0 = time.time()
 x, y = train_batch(data_position, 0)  # the first micro-batch; each next one loads while the current one computes
 while True:
-    # 1. the learning rate of this step, and ELAS's sparsity (off during its dense warm-up)
+    # 1. this step's schedules: the learning rate, and ELAS's sparsity (off during its dense warm-up)
     lr = get_lr(iter_num)
     for group in optimizer.param_groups:
         group['lr'] = lr
-    raw_model.set_sparsity(iter_num >= elas_warmup_iters)
+    if mlp == 'elas':
+        elas.set_sparsity(raw_model, iter_num >= elas_warmup_iters)
 
     # 2. evaluate and checkpoint, every eval_interval steps and at the end
     if iter_num % eval_interval == 0 or iter_num >= max_iters:
@@ -412,17 +446,18 @@ while True:
         (loss / gradient_accumulation_steps).backward()
         step_loss += loss.detach() / gradient_accumulation_steps
 
-    # 4. clip, step, advance; TSVD: U and V back to orthonormal, and every tsvd_interval steps new ranks
+    # 4. clip, step, advance
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     iter_num += 1
     data_position += sequences_per_step
     flops_spent += flops_per_step
-    if layer == 'tsvd':
-        tsvd.retract(raw_model)
-        if iter_num % tsvd_interval == 0:
-            ranks = tsvd.adapt_ranks(raw_model, optimizer, tsvd_energy, tsvd_min_rank)
+
+    # 5. each method's own work after an optimizer step, the logic in its file (TSVD: retraction, rank cuts)
+    if projection == 'tsvd':
+        ranks = tsvd.after_step(raw_model, optimizer, iter_num, tsvd_interval, tsvd_energy, tsvd_min_rank)
+        if ranks:  # new ranks, new parameter tensors
             model = wrap(core)  # DDP around the new shapes
             flops_per_step = raw_model.flops_per_token(block_size) * tokens_per_step
             log(f"iter {iter_num}: TSVD ranks {min(ranks)}..{max(ranks)} (mean {sum(ranks) / len(ranks):.1f}), "
@@ -431,7 +466,7 @@ while True:
             record({'iter': iter_num, 'tsvd_ranks': ranks, 'model_params': raw_model.num_params(False),
                     'flops_per_token': flops_per_step / tokens_per_step})
 
-    # 5. log
+    # 6. log
     if iter_num % log_interval == 0 or iter_num == max_iters:
         if distributed:
             dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)
@@ -450,7 +485,20 @@ while True:
             + f", eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m")
         record({'iter': iter_num, 'loss': loss_value, 'lr': lr, 'grad_norm': grad_norm.item(), 'ms_per_iter': dt * 1000,
                 'tokens_per_s': tokens_per_step / dt, 'mfu': mfu, 'peak_memory_gib': memory,
-                'sparse_24': raw_model.blocks[0].mlp.sparse})
+                **({'sparse_24': iter_num - 1 >= elas_warmup_iters} if mlp == 'elas' else {})})
+
+    # 7. a stop signal: this step's state saved, then out; under torchrun the processes agree at each log
+    # step (one small all-reduce there, not a GPU sync every step), so that all stop at the same step
+    stopping = stop_requested is not None
+    if distributed:
+        stopping = torch.tensor(float(stopping), device=device) if iter_num % log_interval == 0 else None
+        if stopping is not None:
+            dist.all_reduce(stopping, op=dist.ReduceOp.MAX)
+        stopping = bool(stopping is not None and stopping.item())
+    if stopping and iter_num < max_iters:
+        save_checkpoint(checkpoint_path)
+        raise SystemExit(f"{stop_requested or 'a stop signal'}: stopped after iter {iter_num}, saved in {checkpoint_path}; "
+                         f"continue with the same command and --init_from=resume")
 
 if distributed:  # drop the wrapped model and line the processes up before tearing down (clean exit with gloo)
     del model

@@ -1,5 +1,7 @@
 # CoLA-130M, the official CoLA recipe: the deltas from train.py's defaults (CoLA-60M's recipe).
-# torchrun --standalone --nproc_per_node=8 train.py config/cola_130m.py    (CoLA-M: add --checkpointing=cola_m)
+# torchrun --standalone --nproc_per_node=8 train.py config/cola_130m.py
+# Methods on CoLA layers are flags (README): --checkpointing=cola-m (CoLA-M), --dlr_alpha=1.0 (DLR), --mlp=elas
+# (ELAS), --projection=tsvd (TSVD), each with an out_dir of its own, e.g. --out_dir=out-dlr-130m
 # tokens per step: 8 GPUs x 64 sequences x 1 micro-step x 256 tokens = 131,072; 20,000 steps = 2.62B tokens
 out_dir, wandb_run_name = 'out-cola-130m', 'cola-130m'
 n_layer, n_head, n_embd, intermediate_size = 12, 12, 768, 2048

@@ -1,5 +1,7 @@
 # CoLA-1B, the official CoLA recipe: the deltas from train.py's defaults (CoLA-60M's recipe).
-# torchrun --standalone --nproc_per_node=8 train.py config/cola_1b.py    (CoLA-M: add --checkpointing=cola_m)
+# torchrun --standalone --nproc_per_node=8 train.py config/cola_1b.py
+# Methods on CoLA layers are flags (README): --checkpointing=cola-m (CoLA-M), --dlr_alpha=1.0 (DLR), --mlp=elas
+# (ELAS), --projection=tsvd (TSVD), each with an out_dir of its own, e.g. --out_dir=out-dlr-1b
 # tokens per step: 8 GPUs x 16 sequences x 4 micro-steps x 256 tokens = 131,072; 100,000 steps = 13.11B tokens
 out_dir, wandb_run_name = 'out-cola-1b', 'cola-1b'
 n_layer, n_head, n_embd, intermediate_size = 24, 32, 2048, 5461

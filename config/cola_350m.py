@@ -1,5 +1,7 @@
 # CoLA-350M, the official CoLA recipe: the deltas from train.py's defaults (CoLA-60M's recipe).
-# torchrun --standalone --nproc_per_node=8 train.py config/cola_350m.py    (CoLA-M: add --checkpointing=cola_m)
+# torchrun --standalone --nproc_per_node=8 train.py config/cola_350m.py
+# Methods on CoLA layers are flags (README): --checkpointing=cola-m (CoLA-M), --dlr_alpha=1.0 (DLR), --mlp=elas
+# (ELAS), --projection=tsvd (TSVD), each with an out_dir of its own, e.g. --out_dir=out-dlr-350m
 # tokens per step: 8 GPUs x 32 sequences x 2 micro-steps x 256 tokens = 131,072; 60,000 steps = 7.86B tokens
 out_dir, wandb_run_name = 'out-cola-350m', 'cola-350m'
 n_layer, n_head, n_embd, intermediate_size = 24, 16, 1024, 2736

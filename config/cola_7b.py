@@ -1,5 +1,7 @@
 # CoLA-7B, the official CoLA recipe: the deltas from train.py's defaults (CoLA-60M's recipe).
-# torchrun --standalone --nproc_per_node=8 train.py config/cola_7b.py    (CoLA-M: add --checkpointing=cola_m)
+# torchrun --standalone --nproc_per_node=8 train.py config/cola_7b.py
+# Methods on CoLA layers are flags (README): --checkpointing=cola-m (CoLA-M), --dlr_alpha=1.0 (DLR), --mlp=elas
+# (ELAS), --projection=tsvd (TSVD), each with an out_dir of its own, e.g. --out_dir=out-dlr-7b
 # tokens per step: 8 GPUs x 8 sequences x 8 micro-steps x 256 tokens = 131,072; 150,000 steps = 19.66B tokens
 out_dir, wandb_run_name = 'out-cola-7b', 'cola-7b'
 n_layer, n_head, n_embd, intermediate_size = 32, 32, 4096, 11008

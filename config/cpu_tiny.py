@@ -1,7 +1,8 @@
-# A tiny CoLA model that trains on 2 CPU cores in a few minutes, on the bytes of the Shakespeare in assets/:
-# python prepare.py --input_files=assets/tinyshakespeare.txt --encoding=byte --out_dir=data/tiny
-# python train.py config/cpu_tiny.py
-# tokens per step: 1 process x 8 sequences x 1 micro-step x 256 tokens = 2,048; 300 steps = 614k tokens
+# A tiny CoLA model that trains on 2 CPU cores in a few minutes, on the bytes of the Shakespeare in assets/.
+# Tokens per step: 1 process x 8 sequences x 1 micro-step x 256 tokens = 2,048; 300 steps = 614k tokens.
+# First tokenise the text as bytes, then train:
+#   python prepare.py --input_files=assets/tinyshakespeare.txt --encoding=byte --out_dir=data/tiny
+#   python train.py config/cpu_tiny.py
 out_dir, data_dir = 'out-cpu-tiny', 'data/tiny'
 n_layer, n_head, n_embd, intermediate_size, rank = 4, 4, 256, 688, 64
 batch_size = 8
@@ -10,4 +11,4 @@ max_iters = lr_decay_iters = 300
 warmup_iters = 30
 eval_interval, eval_tokens, log_interval = 100, 32768, 10
 device, dtype, compile_model = 'cpu', 'float32', False
-tsvd_interval = 30  # with --layer=tsvd: new ranks every 10% of the steps
+tsvd_interval = 30  # with --projection=tsvd: new ranks every 10% of the steps

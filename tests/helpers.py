@@ -31,10 +31,11 @@ def refused(r, message):
 
 
 def digest(folder):
-    """SHA-1 of every file below folder, by relative path: to show that nothing already written changed."""
+    """SHA-1 of every file below folder, by relative path: to show that nothing already written changed
+    (train.lock aside: it holds the pid of the last run that asked for the folder)."""
     out = {}
     for base, _, files in os.walk(folder):
-        for f in files:
+        for f in set(files) - {'train.lock'}:
             path = os.path.join(base, f)
             out[os.path.relpath(path, folder)] = hashlib.sha1(open(path, 'rb').read()).hexdigest()
     return out

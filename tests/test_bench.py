@@ -32,17 +32,17 @@ def test_bench_runs_on_a_tiny_cpu_config_and_reports_consistent_counts():
     d, f, r_, V = 64, 128, 16, 256
     embeddings = 2 * V * d
     assert rows['full-rank']['params_M'] * 1e6 == 4 * d * d + 3 * d * f + 2 * d + d + embeddings
-    assert rows['CoLA']['params_M'] * 1e6 == 11 * d * r_ + 3 * r_ * f + 2 * d + d + embeddings
+    assert rows['cola']['params_M'] * 1e6 == 11 * d * r_ + 3 * r_ * f + 2 * d + d + embeddings
     h = int(1.5 * f) // 4 * 4  # ELAS's hidden width
-    assert rows['DLR']['params_M'] == rows['CoLA']['params_M']  # DLR's residual is a fixed buffer
-    assert rows['ELAS']['params_M'] * 1e6 == 8 * d * r_ + 2 * r_ * (d + h) + 2 * d + d + embeddings
-    assert rows['ELAS']['sparse_flops_saved_per_token'] == h * r_ and rows['CoLA']['sparse_flops_saved_per_token'] == 0
-    assert rows['TSVD']['params_M'] * 1e6 == 7 * r_ * r_ + 11 * d * r_ + 3 * r_ * f + 2 * d + d + embeddings  # U, S, V
+    assert rows['dlr']['params_M'] == rows['cola']['params_M']  # DLR's residual is a fixed buffer
+    assert rows['elas']['params_M'] * 1e6 == 8 * d * r_ + 2 * r_ * (d + h) + 2 * d + d + embeddings
+    assert rows['elas']['sparse_flops_saved_per_token'] == h * r_ and rows['cola']['sparse_flops_saved_per_token'] == 0
+    assert rows['tsvd']['params_M'] * 1e6 == 7 * r_ * r_ + 11 * d * r_ + 3 * r_ * f + 2 * d + d + embeddings  # U, S, V
     for row in rows.values():
         assert row['flops_per_token'] == row['flops_per_token_analytic'] and row['tokens_per_s'] > 0
     assert rows['full-rank + full ckpt']['activation_bytes_per_token_per_layer'] == 4 * d
-    assert rows['CoLA-M']['activation_bytes_per_token_per_layer'] == 4 * (2 * d + 7 * r_)
-    assert rows['CoLA-M']['recompute_flops_per_token'] < rows['full-rank + full ckpt']['recompute_flops_per_token']
+    assert rows['cola-m']['activation_bytes_per_token_per_layer'] == 4 * (2 * d + 7 * r_)
+    assert rows['cola-m']['recompute_flops_per_token'] < rows['full-rank + full ckpt']['recompute_flops_per_token']
     table = run(ROOT, 'bench.py', *args).stdout
     assert table.count('\n| ') == 9 and 'Against the paper:' in table and 'throughput: CoLA' in table
 
@@ -50,7 +50,7 @@ def test_bench_runs_on_a_tiny_cpu_config_and_reports_consistent_counts():
 def test_generation_benchmark_compares_cola_with_full_rank():
     r = run(ROOT, 'bench.py', '--generation', '--n_layer=1', '--n_embd=64', '--n_head=2', '--intermediate_size=128',
             '--rank=16', '--seq_len=64', '--new_tokens=8', '--batch_size=1')
-    assert '| full-rank |' in r.stdout and '| CoLA |' in r.stdout and 'less memory for weights + KV cache' in r.stdout
+    assert '| full-rank |' in r.stdout and '| cola |' in r.stdout and 'less memory for weights + KV cache' in r.stdout
 
 
 def test_params_table_lists_every_config_with_its_vocabulary():

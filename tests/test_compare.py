@@ -1,9 +1,13 @@
 import json
 import os
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
-from helpers import ROOT, refused, run
+import torch
+from helpers import ROOT, digest, refused, run
 
 from compare import read_log
 from configurator import configure, public_settings
@@ -57,6 +61,32 @@ def test_compare_sweeps_then_runs_every_method_per_seed_and_its_table_comes_from
     r = run(tmp_path, 'compare.py', *args)  # finished runs are not run again
     assert ': training ...' not in r.stdout
     assert before == {key: os.path.getmtime(tmp_path / 'cmp' / f'{key[0]}-seed{key[1]}' / 'log.jsonl') for key in logs}
+    kept = digest(tmp_path / 'cmp')  # a run trained with other settings is never reported under new labels
+    refused(run(tmp_path, 'compare.py', *args[:-1], "--learning_rates=(('full-rank',4e-3),('dlr',3e-3),('elas',3e-3),('tsvd',1e-3))",
+                check=False), 'cmp/full-rank-seed1/ holds a run trained with learning_rate=0.001, not 0.004')
+    assert digest(tmp_path / 'cmp') == kept
+
+
+def test_killing_compare_stops_its_training_run_after_it_saves_its_step(tmp_path):
+    (tmp_path / 'text.txt').write_text('the quick brown fox jumps over the lazy dog. ' * 400)
+    run(tmp_path, 'prepare.py', '--input_files=text.txt', '--encoding=byte', '--out_dir=data', '--val_tokens=2000')
+    args = ['--data_dir=data', '--out_dir=cmp', '--n_layer=1', '--n_head=2', '--n_embd=32', '--intermediate_size=64',
+            '--rank=8', '--block_size=32', '--batch_size=4', '--max_iters=100000', '--eval_interval=5', '--eval_tokens=512',
+            "--methods=('cola',)", '--seeds=(1,)', "--learning_rates=(('cola',3e-3),)"]
+    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
+    study = subprocess.Popen([sys.executable, os.path.join(ROOT, 'compare.py'), *args], cwd=tmp_path, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lock, deadline = tmp_path / 'cmp' / 'cola-seed1' / 'train.lock', time.time() + 120
+    while not (lock.exists() and lock.read_text().strip()):
+        assert study.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    child = int(lock.read_text())
+    study.kill()  # SIGKILL: compare.py cannot clean up; its child must end by itself
+    study.wait()
+    while os.path.exists(f'/proc/{child}') and open(f'/proc/{child}/stat').read().split()[2] != 'Z':
+        assert time.time() < deadline + 60, 'the training run outlived compare.py'
+        time.sleep(0.1)
+    assert torch.load(tmp_path / 'cmp' / 'cola-seed1' / 'ckpt.pt', weights_only=True)['iter_num'] > 0  # it saved first
 
 
 def test_the_regime_arithmetic_is_computed_from_the_settings(monkeypatch):

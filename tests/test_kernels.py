@@ -74,7 +74,7 @@ def test_fused_op_keeps_only_z_where_eager_keeps_z_and_silu_z():
 
 
 @pytest.mark.triton
-@pytest.mark.parametrize('mode', ['none', 'cola_m'])
+@pytest.mark.parametrize('mode', ['none', 'cola-m'])
 def test_model_with_fused_op_equals_model_without(mode):
     idx = torch.randint(0, 96, (2, 16))
     results = []
@@ -93,7 +93,7 @@ def test_model_with_fused_op_equals_model_without(mode):
 @pytest.mark.triton
 def test_cola_m_with_fused_op_keeps_its_activation_bound():
     d, r = TINY.n_embd, TINY.rank
-    values = activation_bytes(replace(TINY, checkpointing='cola_m'), 4, 16) / 4
+    values = activation_bytes(replace(TINY, checkpointing='cola-m'), 4, 16) / 4
     assert values == 2 * d + 7 * r
 
 

@@ -74,7 +74,7 @@ def loss_and_grads(config, idx):
     return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize('rank,mode', [(0, 'full'), (16, 'full'), (16, 'cola_m')])
+@pytest.mark.parametrize('rank,mode', [(0, 'full'), (16, 'full'), (16, 'cola-m')])
 def test_checkpointing_gives_the_same_loss_and_gradients(rank, mode):
     idx = torch.randint(0, 96, (3, 32))
     loss, grads = loss_and_grads(replace(TINY, rank=rank), idx)
@@ -91,7 +91,7 @@ def test_checkpointing_gives_the_same_loss_and_gradients(rank, mode):
     ('vocab_size', -1, 'vocab_size=-1: expected a positive integer'),
     ('n_head', 3, 'n_embd=64 must split into n_head=3 heads of even size'),
     ('norm_eps', 0.0, 'norm_eps=0.0, rope_theta=10000.0: expected positive numbers'),
-    ('checkpointing', 'selective', "checkpointing='selective': expected 'none', 'full' or 'cola_m'"),
+    ('checkpointing', 'selective', "checkpointing='selective': expected 'none', 'full' or 'cola-m'"),
 ])
 def test_bad_model_settings_are_one_line_errors_naming_the_value(field, value, message):
     with pytest.raises(ValueError) as error:
@@ -101,7 +101,7 @@ def test_bad_model_settings_are_one_line_errors_naming_the_value(field, value, m
 
 def test_cola_m_without_cola_layers_is_an_error():
     with pytest.raises(ValueError, match='needs CoLA layers'):
-        replace(TINY, rank=0, checkpointing='cola_m')
+        replace(TINY, rank=0, checkpointing='cola-m')
 
 
 def test_train_py_has_every_model_field_with_the_same_default():
@@ -148,15 +148,15 @@ def test_activation_probe_agrees_with_saved_tensors_hooks(rank, mode):
 def test_saved_activations_per_token_and_layer():
     d, r = 128, 32
     config = replace(TINY, n_embd=d, rank=r)
-    values = {mode: activation_bytes(replace(config, checkpointing=mode), 8, 32) / 4 for mode in ('none', 'full', 'cola_m')}
+    values = {mode: activation_bytes(replace(config, checkpointing=mode), 8, 32) / 4 for mode in ('none', 'full', 'cola-m')}
     assert values['full'] == d  # only the block's input
-    assert values['cola_m'] == 2 * d + 7 * r  # x, h and the seven z = x @ A
-    assert values['none'] > 4 * values['cola_m']
+    assert values['cola-m'] == 2 * d + 7 * r  # x, h and the seven z = x @ A
+    assert values['none'] > 4 * values['cola-m']
 
 
 def test_cola_m_recomputes_under_a_quarter_of_full_rank_checkpointing_at_1b():
     config = ModelConfig(vocab_size=64, n_layer=1, **SHAPES_1B)
-    _, cola_m = measure_flops(replace(config, checkpointing='cola_m'), seq_len=256)
+    _, cola_m = measure_flops(replace(config, checkpointing='cola-m'), seq_len=256)
     _, full = measure_flops(replace(config, rank=0, checkpointing='full'), seq_len=256)
     _, cola_full = measure_flops(replace(config, checkpointing='full'), seq_len=256)
     assert cola_m > 0 and cola_m / full <= 0.25
@@ -164,7 +164,7 @@ def test_cola_m_recomputes_under_a_quarter_of_full_rank_checkpointing_at_1b():
 
 
 @pytest.mark.parametrize('rank,mode,fused', [(0, 'none', True), (0, 'full', True), (64, 'none', True),
-                                             (64, 'full', True), (64, 'full', False), (64, 'cola_m', True)])
+                                             (64, 'full', True), (64, 'full', False), (64, 'cola-m', True)])
 def test_flops_per_token_matches_flop_counter(rank, mode, fused):
     config = ModelConfig(vocab_size=512, n_layer=2, n_head=4, n_embd=256, intermediate_size=688, rank=rank,
                          checkpointing=mode, fused_cola=fused)

@@ -10,7 +10,7 @@ import pytest
 from conftest import needs_gpt2
 from helpers import ROOT, digest, refused, run
 
-from prepare import ByteEncoding, read_shard, write_shard
+from shards import ByteEncoding, read_shard, write_shard
 
 DOCS = [
     'Hello, world. This is a short document.',
@@ -88,6 +88,20 @@ def test_txt_files_are_one_document_each_and_val_files_are_the_validation_split(
 
 
 @needs_gpt2
+def test_a_folder_of_small_documents_gets_a_validation_split_with_the_default_settings(tmp_path):
+    # 300 files of 1,000 bytes: the default val_tokens (100,000) spans the first 100 files (and their end-of-text tokens)
+    texts = [f'document {i:03d} ' + 'abcdefghij' * 98 + 'z' * 6 for i in range(300)]
+    for i, text in enumerate(texts):
+        (tmp_path / f'doc{i:03d}.txt').write_text(text)
+    assert run_prepare(tmp_path, '--input_files=doc*.txt', '--encoding=byte', '--out_dir=out').returncode == 0
+    stream = np.concatenate([np.append(np.frombuffer(t.encode(), dtype=np.uint8), 256) for t in texts]).astype(np.uint16)
+    meta = json.loads((tmp_path / 'out' / 'meta.json').read_text())
+    val = read_shard(tmp_path / 'out' / 'val_000000.bin')
+    train = np.concatenate([read_shard(tmp_path / 'out' / name) for name in meta['splits']['train']['shards']])
+    assert len(val) == 100_000 and np.array_equal(val, stream[:100_000])
+    assert np.array_equal(train, stream[100_000:])  # the rest, in order, nothing twice, nothing lost
+
+
 def test_c4_mode_reads_allenai_c4_layout_through_datasets(tmp_path):
     c4 = tmp_path / 'c4repo'  # a local folder laid out like the allenai/c4 repository
     write_c4_file(str(c4 / 'en' / 'c4-train.00000-of-01024.json.gz'), DOCS[:8])
@@ -168,7 +182,7 @@ prepare.prepare()
     ('latin1', ['--input_files=src/*.txt'], 'src/latin1.txt: not UTF-8 text'),
     ('binary', ['--input_files=src/*.txt'], 'src/binary.txt: not UTF-8 text'),
     ('empty', ['--input_files=src/*.jsonl', '--val_files=src/*.jsonl'], 'no documents for the val split in src/empty.jsonl'),
-    (None, ['--input_files=src/*.jsonl', '--val_tokens=100'], 'holds only 2 tokens, all taken by the validation split'),
+    (None, ['--input_files=src/*.jsonl', '--val_tokens=100'], 'the input files hold only 2 tokens, all taken by the validation split'),
     (None, ['--c4_path=allenai/c4', '--input_files=', '--train_shards=1'], 'could not read en/c4-validation.00000-of-00008.json.gz'),
     (None, ['--input_files=src/*.jsonl', '--encoding=utf16'], "encoding='utf16': expected 'gpt2' or 'byte'"),
     (None, ['--input_files=src/*.jsonl', '--out_dir=out', '--encoding=gpt2'], "out/ holds shards made with encoding='byte' (this run: 'gpt2')"),

@@ -11,7 +11,7 @@ from conftest import TINY_TRAIN as TINY
 from conftest import needs_gpt2
 from helpers import ROOT, digest, refused, run, train_log
 
-from prepare import write_shard
+from shards import write_shard
 
 
 def test_tiny_run_loss_falls(data):
@@ -38,7 +38,7 @@ def test_the_seed_sets_the_init_and_the_order_of_the_training_sequences_and_repe
     inits and two orders, and one seed gives the same run twice."""
     import torch
     from model import ModelConfig, Transformer
-    from prepare import read_shard
+    from shards import read_shard
     tokens = read_shard(data / 'data' / 'train_000000.bin').astype(np.int64)
     T, B = 32, 4
     common = [*TINY, '--data_dir=data', '--max_iters=3', '--eval_interval=3']
@@ -78,7 +78,7 @@ def test_two_processes_match_one_with_the_same_global_batch(data, parallel):
 def test_cola_m_trains_exactly_like_cola(data):
     common = [*TINY, '--data_dir=data', '--eval_interval=8', '--max_iters=8']
     run(data, 'train.py', *common, '--out_dir=cola')
-    run(data, 'train.py', *common, '--out_dir=colam', '--checkpointing=cola_m')
+    run(data, 'train.py', *common, '--out_dir=colam', '--checkpointing=cola-m')
     cola, _ = train_log(data / 'cola')
     colam, _ = train_log(data / 'colam')
     for it in cola:
@@ -157,7 +157,7 @@ def test_resume_refuses_a_different_model_shape_and_changes_nothing(data, overri
 def test_resume_may_change_how_the_model_runs(data):
     common = [*TINY, '--data_dir=data', '--out_dir=howto', '--eval_interval=2']
     run(data, 'train.py', *common, '--max_iters=2')
-    run(data, 'train.py', *common, '--max_iters=4', '--init_from=resume', '--checkpointing=cola_m', '--fused_cola=False')
+    run(data, 'train.py', *common, '--max_iters=4', '--init_from=resume', '--checkpointing=cola-m', '--fused_cola=False')
 
 
 def test_a_truncated_checkpoint_on_resume_points_to_best_pt(data):

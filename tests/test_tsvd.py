@@ -6,12 +6,12 @@ import torch
 from conftest import TINY, TINY_TRAIN
 from helpers import refused, run, train_log
 
-import tsvd
+from methods import tsvd
 from bench import count_flops, measure_flops
 from model import ModelConfig, Transformer
-from tsvd import TSVDLinear
+from methods.tsvd import TSVDLinear
 
-TSVD = replace(TINY, layer='tsvd')
+TSVD = replace(TINY, projection='tsvd')
 
 
 def orthonormality_error(layer):
@@ -123,16 +123,16 @@ def test_first_moments_rotate_exactly():
 
 
 @pytest.mark.parametrize('config,message', [
-    (dict(layer='tsvd', rank=0), "layer='tsvd': expected 'cola', or 'tsvd' with rank > 0"),
-    (dict(layer='tsvd', checkpointing='cola_m'), 'without DLR or CoLA-M'),
-    (dict(layer='svd'), "layer='svd'"),
+    (dict(projection='tsvd', rank=0), "projection='tsvd': expected 'cola', or 'tsvd' with rank > 0"),
+    (dict(projection='tsvd', checkpointing='cola-m'), 'without DLR or CoLA-M'),
+    (dict(projection='svd'), "projection='svd'"),
 ])
 def test_bad_tsvd_settings_are_one_line_errors(config, message):
     with pytest.raises(ValueError, match=message.replace('(', r'\(').replace(')', r'\)')):
         replace(TINY, **config)
 
 
-TSVD_TRAIN = [*TINY_TRAIN, '--layer=tsvd', '--tsvd_interval=3', '--tsvd_energy=0.9', '--tsvd_min_rank=4']
+TSVD_TRAIN = [*TINY_TRAIN, '--projection=tsvd', '--tsvd_interval=3', '--tsvd_energy=0.9', '--tsvd_min_rank=4']
 
 
 def test_resume_across_a_rank_change_equals_an_uninterrupted_run(data):
@@ -161,7 +161,7 @@ def test_two_processes_across_a_rank_change_equal_one(data):
 
 def test_tsvd_refuses_fsdp_and_samples_from_a_checkpoint(data):
     refused(run(data, 'train.py', *TSVD_TRAIN, '--data_dir=data', '--parallel=fsdp', check=False),
-            "layer='tsvd' with parallel='fsdp'")
+            "projection='tsvd' with parallel='fsdp'")
     run(data, 'train.py', *TSVD_TRAIN, '--data_dir=data', '--out_dir=tsvd_sample', '--max_iters=6', '--eval_interval=6')
     r = run(data, 'sample.py', '--out_dir=tsvd_sample', '--start=the cat', '--num_samples=1', '--max_new_tokens=10',
             '--device=cpu', '--dtype=float32')
@@ -169,7 +169,7 @@ def test_tsvd_refuses_fsdp_and_samples_from_a_checkpoint(data):
 
 
 def test_flops_per_token_follows_the_config_shapes_for_every_layer_kind():
-    for overrides in [dict(layer='tsvd'), dict(layer='tsvd', mlp='elas'), dict(rank=0)]:
+    for overrides in [dict(projection='tsvd'), dict(projection='tsvd', mlp='elas'), dict(rank=0)]:
         config = ModelConfig(**{**dict(vocab_size=512, n_layer=2, n_head=4, n_embd=256, intermediate_size=688, rank=64), **overrides})
         measured, _ = measure_flops(config, seq_len=128)
         with torch.device('meta'):

@@ -126,6 +126,19 @@ def match_ranks(model, state_dict):
                 setattr(module, param, nn.Parameter(getattr(module, param).new_empty(shape)))
 
 
+def after_step(model, optimizer, step, interval, energy, min_rank):
+    """TSVD's work after optimizer step number `step` (train.py's per-step place): every layer retracted,
+    and every `interval` steps its rank adapted. Returns the new ranks after an adaptation (the factors
+    are then new tensors of new shapes), else None."""
+    retract(model)
+    if step % interval == 0:
+        if not all(torch.isfinite(layer.S).all() for layer in layers(model)):
+            raise SystemExit(f"iter {step}: a TSVD core S holds NaN or infinite values, so its ranks cannot be adapted: "
+                             f"the run diverged (lower learning_rate); the last checkpoint is kept")
+        return adapt_ranks(model, optimizer, energy, min_rank)
+    return None
+
+
 def retraction_flops(model):
     """FLOPs of one retraction of every TSVD layer: two Householder QRs, about 2 m r^2 each for an
     m x r matrix, and the two r x r products that move the factors into S."""
