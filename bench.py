@@ -137,7 +137,8 @@ def run_benchmark(shape, device, dtype, batch_size, seq_len, steps, warmup, comp
     ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16}[dtype]
     configs = {name: replace(shape, **changes) for name, changes in VARIANTS}
     rows = {}
-    for name, config in configs.items():
+    for i, (name, config) in enumerate(configs.items()):
+        print(f"counting {name} ({i + 1} of {len(configs)}) ...", file=sys.stderr, flush=True)  # progress, not results
         with torch.device('meta'):
             model = Transformer(config)
         flops, recompute = measure_flops(config, seq_len)
@@ -156,6 +157,7 @@ def run_benchmark(shape, device, dtype, batch_size, seq_len, steps, warmup, comp
         runs = {name: torch.compile(m) if compile_model else m for name, m in models.items()}
         times = {name: [] for name in models}
         for step in range(warmup + steps):  # interleaved: A B C A B C ..., so drifts hit all alike
+            print(f"timing round {step + 1} of {warmup + steps} ...", file=sys.stderr, flush=True)
             for name in models:
                 if device.startswith('cuda'):  # the step's own peak: without the other variants' resident memory
                     torch.cuda.synchronize()
@@ -246,6 +248,7 @@ def memory_per_gpu_table(paths, gpus=8):
     print('|---|---|---|---|---|---|---|', flush=True)
     for path in paths:
         for mode in ('none', 'cola-m') if 'cola_' in path else ('none',):
+            print(f"measuring {os.path.relpath(path, ROOT)} ...", file=sys.stderr, flush=True)
             shape, settings = config_shape(path, checkpointing=mode)
             with torch.device('meta'):
                 params = Transformer(shape).num_params(False)

@@ -192,6 +192,10 @@ def gaps(runs, full_runs):
     return at_steps, at_flops
 
 
+def plural(n, noun):
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def regime_text(plan):
     return (f"Regime: {plan['tokens']:,} training tokens per run = {plan['tokens_per_full_param']:.1f} per full-rank "
             f"non-embedding parameter ({plan['full_params']:,}) and {plan['tokens_per_cola_param']:.1f} per CoLA's "
@@ -212,7 +216,7 @@ def markdown(plan, sweep, best_lrs, study):
         for method, runs in sweep.items():
             lines.append(f'| {method} | ' + ' | '.join(f"{r['val_loss']:.4f}" for r in runs) + f' | {best_lrs[method]:g} |')
         lines.append('')
-    lines += [f'Each method at its best peak lr, {len(seeds)} seeds ({", ".join(map(str, seeds))}): mean ± standard '
+    lines += [f'Each method at its best peak lr, {plural(len(seeds), "seed")} ({", ".join(map(str, seeds))}): mean ± standard '
               'deviation over seeds; the gaps are to full-rank with the same seed.', '',
               '| method | peak lr | val loss | gap at equal steps (%) | gap at equal FLOPs (%) | params in all (M) | '
               'GFLOPs/token | TFLOPs spent | tokens/s | wall time (s) |', '|---|---|---|---|---|---|---|---|---|---|']
@@ -262,7 +266,7 @@ def plot(study, path):
         mean = [statistics.mean(s[2] for s in e) for e in by_eval]
         spread = [statistics.stdev(s[2] for s in e) if len(e) > 1 else 0.0 for e in by_eval]
         for ax, x in zip(axes, [tokens, flops]):
-            line, = ax.plot(x, mean, label=f"{method} ({len(runs)} seeds)", linestyle='--' if method == 'cola-m' else '-')
+            line, = ax.plot(x, mean, label=f"{method} ({plural(len(runs), 'seed')})", linestyle='--' if method == 'cola-m' else '-')
             ax.fill_between(x, [m - s for m, s in zip(mean, spread)], [m + s for m, s in zip(mean, spread)],
                             color=line.get_color(), alpha=0.2)
     final = min(statistics.mean(r['val_loss'] for r in runs) for runs in study.values())
@@ -308,6 +312,6 @@ if __name__ == '__main__':
              for method in methods}
     table = markdown(plan, sweep, best_lrs, study)
     write_durably(os.path.join(out_dir, 'compare.md'), lambda f: f.write((table + '\n').encode()))
-    print(table)
+    print(table.split('\n', 1)[1])  # the regime line was printed at the start
     if plot(study, os.path.join(out_dir, 'compare.png')):
         print(f"wrote {out_dir}/compare.md and {out_dir}/compare.png")

@@ -7,6 +7,7 @@ applies, in order, config files (python files of plain assignments) and --key=va
 
     python train.py config/cola_60m.py --batch_size=32 --compile_model=False
     python bench.py --as_json                   # a bare --flag sets a boolean setting to True
+    python train.py --help                      # the script's docstring and every setting with its default
 
 Every key must already exist in the script, and an override must have the type of the value it
 replaces (an int may stand for a float; a setting whose default is None takes anything), so a typo
@@ -14,6 +15,7 @@ fails loudly instead of being silently ignored.
 """
 
 import os
+import sys
 from ast import literal_eval
 
 
@@ -36,7 +38,14 @@ def _checked(key, value, default, source):
 
 
 def configure(settings, argv):
-    """Apply config files and --key=value overrides from argv to the dict settings, in place."""
+    """Apply config files and --key=value overrides from argv to the dict settings, in place; --help
+    (or -h) prints the script's docstring and its settings with their defaults, and exits."""
+    if '--help' in argv or '-h' in argv:
+        print((sys.modules['__main__'].__doc__ or '').strip())
+        print('\nSettings (--key=value, or a config file of such assignments), with their defaults:')
+        for key, value in settings.items():
+            print(f'  --{key}={value!r}')
+        raise SystemExit(0)
     for arg in argv:
         if not arg.startswith('--'):
             for key, value in read_config_file(arg).items():

@@ -240,7 +240,9 @@ if checkpoint is None:
         raw_model = Transformer(model_config)
 else:  # the weights as they were (TSVD: at the ranks the run had reached), run as this run says
     raw_model = model_from_checkpoint(checkpoint, device, checkpoint_path, checkpointing=checkpointing, fused_cola=fused_cola)
-log(f"{raw_model.num_params() / 1e6:.2f}M non-embedding parameters ({raw_model.num_params(False) / 1e6:.2f}M in all), "
+method = ('full-rank' if rank == 0 else 'TSVD' if projection == 'tsvd' else 'CoLA') + (
+    '-M' if checkpointing == 'cola-m' else '') + (' + DLR' if dlr_alpha > 0 else '') + (' + ELAS' if mlp == 'elas' else '')
+log(f"training {method}: {raw_model.num_params() / 1e6:.2f}M non-embedding parameters ({raw_model.num_params(False) / 1e6:.2f}M in all), "
     f"{tokens_per_step:,} tokens per step = {batch_size} x {block_size} x {gradient_accumulation_steps} x {world_size}")
 
 autocast = nullcontext()
@@ -406,6 +408,10 @@ def request_stop(signum, frame):
 signal.signal(signal.SIGTERM, request_stop)
 signal.signal(signal.SIGINT, request_stop)
 start_iter = timed_from = iter_num  # timed_from: the step where the current timing started
+trained_s = 0.0  # seconds spent in training steps (evaluations left out), for the ETA
+if warmup_iters > max_iters:
+    log(f"warmup_iters={warmup_iters} is more than max_iters={max_iters}: the learning rate never reaches its peak "
+        f"learning_rate={learning_rate:g} (it ends at {get_lr(max_iters - 1):.2e})")
 process_start = t0 = time.time()
 x, y = train_batch(data_position, 0)  # the first micro-batch; each next one loads while the current one computes
 while True:
@@ -474,11 +480,12 @@ while True:
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, 'full_tensor') else grad_norm
         stop_if_not_finite(loss_value, 'the training loss')
         stop_if_not_finite(grad_norm.item(), 'the gradient norm')
-        dt = (time.time() - t0) / (iter_num - timed_from)  # seconds per step
+        trained_s += time.time() - t0
+        dt = (time.time() - t0) / (iter_num - timed_from)  # seconds per step since the last log
         t0, timed_from = time.time(), iter_num
         mfu = flops_per_step / dt / (peak_flops * world_size) if peak_flops else None
         memory = torch.cuda.max_memory_allocated(device) / 2**30 if device_type == 'cuda' else None
-        eta = dt * (max_iters - iter_num)
+        eta = trained_s / (iter_num - start_iter) * (max_iters - iter_num)  # the whole run's rate, steadier than the last interval's
         log(f"iter {iter_num}/{max_iters}: loss {loss_value:.4f}, lr {lr:.2e}, grad norm {grad_norm.item():.3f}, "
             f"{dt * 1000:.0f} ms/iter, {tokens_per_step / dt:,.0f} tokens/s"
             + (f", MFU {mfu:.1%}" if mfu else '') + (f", peak memory {memory:.1f} GiB" if memory else '')
@@ -500,6 +507,9 @@ while True:
         raise SystemExit(f"{stop_requested or 'a stop signal'}: stopped after iter {iter_num}, saved in {checkpoint_path}; "
                          f"continue with the same command and --init_from=resume")
 
+log(f"done: {iter_num} steps, checkpoint in {checkpoint_path}"
+    + (f" (best validation loss {best_val_loss:.4f} in {out_dir}/best.pt)" if keep_best and best_val_loss < float('inf') else '')
+    + f"; generate text with: python sample.py --out_dir={out_dir}")
 if distributed:  # drop the wrapped model and line the processes up before tearing down (clean exit with gloo)
     del model
     dist.barrier()

@@ -259,3 +259,23 @@ def test_a_stalled_process_stops_a_distributed_run_after_dist_timeout_s(data):
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+@pytest.mark.parametrize('script,setting', [('train.py', '--learning_rate=0.006'), ('prepare.py', "--encoding='gpt2'"),
+                                            ('sample.py', '--top_k=200'), ('bench.py', '--seq_len=256'),
+                                            ('compare.py', "--seeds=(1, 2, 3)"), ('analyze.py', '--directions=5')])
+def test_help_prints_the_docstring_and_every_setting_with_its_default(tmp_path, script, setting):
+    r = run(tmp_path, script, '--help')
+    first_line = open(os.path.join(ROOT, script)).read().split('"""')[1].strip().splitlines()[0]
+    assert r.stdout.startswith(first_line) and f'  {setting}\n' in r.stdout and r.stderr == ''
+
+
+def test_the_first_line_names_the_method_and_the_last_says_where_the_checkpoint_is(data):
+    r = run(data, 'train.py', *TINY, '--data_dir=data', '--out_dir=closing', '--max_iters=4', '--warmup_iters=10',
+            '--checkpointing=cola-m', '--mlp=elas')
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].startswith('training CoLA-M + ELAS: ')
+    assert 'warmup_iters=10 is more than max_iters=4: the learning rate never reaches its peak learning_rate=0.003' in r.stdout
+    assert lines[-1] == ('done: 4 steps, checkpoint in closing/ckpt.pt (best validation loss '
+                         f"{train_log(data / 'closing')[1][4]:.4f} in closing/best.pt); generate text with: "
+                         'python sample.py --out_dir=closing')
