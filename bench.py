@@ -28,7 +28,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from configurator import configure, public_settings, read_config_file
-from methods import elas
+from methods import elas, galore
 from model import CoLALinear, ModelConfig, Transformer
 
 ROOT = os.path.dirname(os.path.abspath(__file__))  # config/ is found from here, wherever bench.py is run
@@ -129,21 +129,44 @@ VARIANTS = [  # name (compare.py's method names), changes to the CoLA shape
     ('full-rank', dict(rank=0)), ('full-rank + full ckpt', dict(rank=0, checkpointing='full')),
     ('cola', {}), ('cola + full ckpt', dict(checkpointing='full')), ('cola-m', dict(checkpointing='cola-m')),
     ('dlr', dict(dlr_alpha=1.0)), ('elas', dict(mlp='elas')), ('tsvd', dict(projection='tsvd')),  # TSVD at its start rank
+    ('galore', dict(rank=0)), ('fira', dict(rank=0)),  # full-rank models; the optimizer projects at CoLA's rank
 ]
+GALORE_UPDATE_INTERVAL, GALORE_SCALE = 200, 0.25  # the official 60m scripts'
+
+
+def make_optimizer(name, model, rank):
+    """AdamW, or for the 'galore' and 'fira' rows their optimizer at rank (CoLA's r) on the full-rank model."""
+    if name in ('galore', 'fira'):
+        return galore.build_optimizer(model, name, 1e-4, (0.9, 0.95), 0.0, rank, GALORE_UPDATE_INTERVAL, GALORE_SCALE)
+    return model.configure_optimizers(0.0, 1e-4, (0.9, 0.95), next(model.parameters()).device.type)
+
+
+def optimizer_state_bytes(name, config, rank):
+    """Bytes of the optimizer's own state tensors after one step, on the meta device (shapes only, any size)."""
+    with torch.device('meta'):
+        model = Transformer(config)
+    optimizer = make_optimizer(name, model, rank)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    return galore.state_bytes(optimizer), galore.flops_per_step(optimizer)
 
 
 def run_benchmark(shape, device, dtype, batch_size, seq_len, steps, warmup, compile_model):
     """Every variant at the same shapes: counts for all, timings unless device is 'meta'."""
     ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16}[dtype]
     configs = {name: replace(shape, **changes) for name, changes in VARIANTS}
-    rows = {}
+    rows, tokens_per_step = {}, batch_size * seq_len
     for i, (name, config) in enumerate(configs.items()):
         print(f"counting {name} ({i + 1} of {len(configs)}) ...", file=sys.stderr, flush=True)  # progress, not results
         with torch.device('meta'):
             model = Transformer(config)
         flops, recompute = measure_flops(config, seq_len)
         memory_device = 'cpu' if device == 'meta' else device  # activations need real tensors: 1 sequence
+        state_bytes, optimizer_flops = optimizer_state_bytes(name, config, shape.rank)
         rows[name] = {
+            'optimizer_state_bytes_per_param': state_bytes / model.num_params(False),
+            'optimizer_flops_per_token': optimizer_flops / tokens_per_step,
             'params_M': model.num_params(False) / 1e6, 'non_embedding_params_M': model.num_params() / 1e6,
             'flops_per_token': flops, 'flops_per_token_analytic': model.flops_per_token(seq_len),
             'recompute_flops_per_token': recompute, 'sparse_flops_saved_per_token': elas.sparse_flops_saved(model),
@@ -153,7 +176,7 @@ def run_benchmark(shape, device, dtype, batch_size, seq_len, steps, warmup, comp
     if device != 'meta':
         idx = torch.randint(0, shape.vocab_size, (batch_size, seq_len), device=device)
         models = {name: Transformer(config).to(device) for name, config in configs.items()}
-        optimizers = {name: m.configure_optimizers(0.0, 1e-4, (0.9, 0.95), device) for name, m in models.items()}
+        optimizers = {name: make_optimizer(name, m, shape.rank) for name, m in models.items()}
         runs = {name: torch.compile(m) if compile_model else m for name, m in models.items()}
         times = {name: [] for name in models}
         for step in range(warmup + steps):  # interleaved: A B C A B C ..., so drifts hit all alike
@@ -173,11 +196,12 @@ def run_benchmark(shape, device, dtype, batch_size, seq_len, steps, warmup, comp
     return rows
 
 
-def markdown(rows):
+def markdown(rows, rank_of_rows):
     base, base_ckpt = rows['full-rank'], rows['full-rank + full ckpt']
     timed, peak = 'tokens_per_s' in base, 'peak_memory_GiB' in base
     head = ['variant', 'params (M)', 'x full', 'GFLOPs/token (counted)', '(analytic)', 'x full',
-            'activation bytes/token/layer', 'x full', 'recompute MFLOPs/token', 'x full-rank ckpt']
+            'activation bytes/token/layer', 'x full', 'recompute MFLOPs/token', 'x full-rank ckpt',
+            'optimizer state bytes/param', 'optimizer MFLOPs/token']
     head += ['tokens/s', 'x full'] if timed else []
     head += ['peak memory (GiB)', 'x full'] if peak else []
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
@@ -188,7 +212,8 @@ def markdown(rows):
                  f"{r['activation_bytes_per_token_per_layer']:,.0f}",
                  f"{r['activation_bytes_per_token_per_layer'] / base['activation_bytes_per_token_per_layer']:.2f}",
                  f"{r['recompute_flops_per_token'] / 1e6:.1f}",
-                 f"{r['recompute_flops_per_token'] / base_ckpt['recompute_flops_per_token']:.2f}"]
+                 f"{r['recompute_flops_per_token'] / base_ckpt['recompute_flops_per_token']:.2f}",
+                 f"{r['optimizer_state_bytes_per_param']:.2f}", f"{r['optimizer_flops_per_token'] / 1e6:.3f}"]
         cells += [f"{r['tokens_per_s']:,.0f}", f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}"] if timed else []
         cells += [f"{r['peak_memory_GiB']:.2f}", f"{r['peak_memory_GiB'] / base['peak_memory_GiB']:.2f}"] if peak else []
         lines.append('| ' + ' | '.join(cells) + ' |')
@@ -207,6 +232,12 @@ def markdown(rows):
               f"its dense FLOPs; its 2:4 sparse product skips {elas['sparse_flops_saved_per_token'] / 1e6:.1f} MFLOPs per token "
               f"({elas['sparse_flops_saved_per_token'] / elas['flops_per_token']:.1%} of its training FLOPs; not taken off the counts above, "
               f"and only where the semi-structured kernels run: CUDA, fp16/bf16)"]
+    gal, fira = rows['galore'], rows['fira']
+    lines += [f"- GaLore / Fira (optimizer state of the full-rank model, projected at r = {rank_of_rows}): "
+              f"{gal['optimizer_state_bytes_per_param']:.2f} / {fira['optimizer_state_bytes_per_param']:.2f} bytes per "
+              f"parameter against AdamW's {base['optimizer_state_bytes_per_param']:.2f}, for "
+              f"{gal['optimizer_flops_per_token'] / 1e6:.2f} / {fira['optimizer_flops_per_token'] / 1e6:.2f} MFLOPs per token "
+              f"of projections and SVDs (amortised over T = {GALORE_UPDATE_INTERVAL} steps of this step's tokens)"]
     if timed:
         flop_ratio = base['flops_per_token'] / cola['flops_per_token']
         lines += [f"- throughput: CoLA {cola['tokens_per_s'] / base['tokens_per_s']:.2f}x full-rank (FLOP ratio "
@@ -379,4 +410,4 @@ if __name__ == '__main__':
         print(dumps({'settings': settings, 'shape': vars(shape), 'rows': rows}, indent=1))
     else:
         print(f"{batch_size} x {seq_len} tokens per step")
-        print(markdown(rows))
+        print(markdown(rows, shape.rank))

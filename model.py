@@ -21,7 +21,6 @@ build_projection (TSVD's layer) or Block (ELAS's MLP). DLR is a few lines inside
 
 import math
 import os
-import pickle
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -419,7 +418,8 @@ def load_checkpoint(path):
         checkpoint = torch.load(path, map_location='cpu', weights_only=True)
     except Exception as e:
         best = os.path.join(os.path.dirname(path), 'best.pt')
-        why = 'holds objects other than tensors and plain values' if isinstance(e, pickle.UnpicklingError) else 'is truncated or corrupt'
+        why = ('holds objects other than tensors and plain values' if 'unsupported GLOBAL' in str(e)
+               else 'is truncated or corrupt')  # (weights_only refuses what would build other objects or run code)
         raise SystemExit(f"{path} {why} ({type(e).__name__})"
                          + (f"; {best} holds the best state so far" if os.path.exists(best) and best != path else '')) from None
     if not isinstance(checkpoint, dict) or not {'model', 'model_config', 'config', 'encoding'} <= checkpoint.keys():

@@ -16,6 +16,7 @@ clean run. meta.json records the settings; a folder made with other settings is 
 
 import glob
 import gzip
+import hashlib
 import itertools
 import json
 import os
@@ -164,11 +165,15 @@ def split_off_validation(enc, pool, meta, files):
 
 
 def stamp(source):
-    """A local source's size and modification time (None for C4's files), recorded when it is read."""
+    """The SHA-1 of a local source's bytes (None for C4's files), recorded when it is read: a rerun then
+    knows whether it changed, and a folder's meta.json stays the same bytes whenever it is made."""
     if not input_files:
         return None
-    st = os.stat(source)
-    return [st.st_size, st.st_mtime_ns]
+    digest = hashlib.sha1()
+    with open(source, 'rb') as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def check_unchanged(meta, source, shard):
@@ -190,12 +195,18 @@ def open_out_dir(settings):
         return meta
     if glob.glob(os.path.join(out_dir, '*.bin')):
         raise SystemExit(f"{out_dir}/ holds .bin files but no meta.json; use another out_dir")
-    existing = os.path.abspath(out_dir)  # can out_dir be made? Asked of its nearest existing folder, touching nothing
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-        raise SystemExit(f"out_dir={out_dir!r} cannot be created ({existing} is "
-                         f"{'not a folder' if not os.path.isdir(existing) else 'not writable'})")
+    made, folder = [], os.path.abspath(out_dir)  # can out_dir be made? Made, then only the folders made removed
+    while not os.path.exists(folder):
+        made.append(folder)
+        folder = os.path.dirname(folder)
+    try:
+        os.makedirs(out_dir)
+    except OSError as e:
+        raise SystemExit(f"out_dir={out_dir!r} cannot be created ({e.strerror})") from None
+    finally:
+        for new in made:  # innermost first; folders that existed before are never touched
+            if os.path.isdir(new):
+                os.rmdir(new)
     return None
 
 

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import configure, public_settings
-from methods import elas, tsvd
+from methods import elas, galore, tsvd
 from model import ModelConfig, Transformer, load_checkpoint, model_from_checkpoint
 from shards import load_meta, read_shard, shard_path, write_durably
 
@@ -67,7 +67,11 @@ norm_eps = 1e-6
 rope_theta = 10000.0
 checkpointing = 'none'  # or 'full' (whole blocks recomputed), or 'cola-m' (CoLA-M)
 fused_cola = True
-# optimizer: AdamW, linear warmup then cosine decay to min_lr
+# optimizer: AdamW, or GaLore / Fira (methods/galore.py); linear warmup then cosine decay to min_lr
+optimizer = 'adamw'  # 'adamw', or 'galore' / 'fira' on a full-rank model (rank=0): projected gradients
+galore_rank = 128  # GaLore / Fira: the projection's rank (the official 60m scripts' 128)
+galore_update_interval = 200  # GaLore / Fira: a new projector every this many steps (T)
+galore_scale = 0.25  # GaLore's scale, Fira's alpha
 learning_rate = 6e-3
 min_lr = 6e-4
 max_iters = 10000
@@ -93,13 +97,14 @@ PEAK_FLOPS = {'A100': 312e12, 'H100': 989e12, 'H200': 989e12}  # dense bf16 per 
 config = configure(public_settings(globals()), sys.argv[1:])
 globals().update(config)
 for name in ('batch_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_tokens', 'log_interval', 'dist_timeout_s',
-             'tsvd_interval', 'tsvd_min_rank'):
+             'tsvd_interval', 'tsvd_min_rank', 'galore_rank', 'galore_update_interval'):
     if config[name] < 1:
         raise SystemExit(f"{name}={config[name]}: expected a positive number")
 for name in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'min_lr', 'weight_decay', 'grad_clip', 'elas_warmup_iters', 'seed'):
     if config[name] < 0:
         raise SystemExit(f"{name}={config[name]}: expected 0 or more")
-for name, allowed in [('dtype', ('float32', 'bfloat16')), ('parallel', ('ddp', 'fsdp')), ('init_from', ('scratch', 'resume'))]:
+for name, allowed in [('dtype', ('float32', 'bfloat16')), ('parallel', ('ddp', 'fsdp')), ('init_from', ('scratch', 'resume')),
+                      ('optimizer', ('adamw', 'galore', 'fira'))]:
     if config[name] not in allowed:
         raise SystemExit(f"{name}={config[name]!r}: expected one of {allowed}")
 if not learning_rate > 0:
@@ -109,6 +114,10 @@ if not 0 < tsvd_energy <= 1:
 if projection == 'tsvd' and parallel == 'fsdp':
     raise SystemExit("projection='tsvd' with parallel='fsdp': TSVD's rank changes reshape the parameters, which FSDP2's "
                      "shards do not follow; use parallel='ddp'")
+if optimizer != 'adamw' and (rank != 0 or parallel == 'fsdp' or not galore_scale > 0):
+    raise SystemExit(f"optimizer={optimizer!r} with rank={rank}, parallel={parallel!r}, galore_scale={galore_scale}: "
+                     f"expected a full-rank model (rank=0; projecting the gradients of CoLA's factors is no published "
+                     f"method), parallel='ddp' (the projector needs whole gradients) and galore_scale > 0")
 if device.split(':')[0] not in ('cpu', 'cuda') or (device.startswith('cuda') and not torch.cuda.is_available()):
     raise SystemExit(f"device={device!r}: expected 'cpu', or 'cuda' / 'cuda:N' on a machine with a CUDA GPU")
 
@@ -240,7 +249,7 @@ if checkpoint is None:
         raw_model = Transformer(model_config)
 else:  # the weights as they were (TSVD: at the ranks the run had reached), run as this run says
     raw_model = model_from_checkpoint(checkpoint, device, checkpoint_path, checkpointing=checkpointing, fused_cola=fused_cola)
-method = ('full-rank' if rank == 0 else 'TSVD' if projection == 'tsvd' else 'CoLA') + (
+method = ({'galore': 'GaLore', 'fira': 'Fira'}.get(optimizer) or 'full-rank' if rank == 0 else 'TSVD' if projection == 'tsvd' else 'CoLA') + (
     '-M' if checkpointing == 'cola-m' else '') + (' + DLR' if dlr_alpha > 0 else '') + (' + ELAS' if mlp == 'elas' else '')
 log(f"training {method}: {raw_model.num_params() / 1e6:.2f}M non-embedding parameters ({raw_model.num_params(False) / 1e6:.2f}M in all), "
     f"{tokens_per_step:,} tokens per step = {batch_size} x {block_size} x {gradient_accumulation_steps} x {world_size}")
@@ -256,7 +265,11 @@ elif dtype == 'bfloat16':  # fp32 master weights, bf16 matmuls
     autocast = torch.autocast(device_type=device_type, dtype=torch.bfloat16)
 
 # ----------------------------------------------------------------------------- optimizer
-optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+if config['optimizer'] == 'adamw':
+    optimizer = raw_model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+else:  # GaLore / Fira: the published packages' parameter groups
+    optimizer = galore.build_optimizer(raw_model, config['optimizer'], learning_rate, (beta1, beta2), weight_decay,
+                                       galore_rank, galore_update_interval, galore_scale)
 iter_num, best_val_loss, data_position, flops_spent = 0, float('inf'), 0, 0  # data_position: the next train sequence
 if checkpoint is not None:
     set_optimizer_state_dict(raw_model, optimizer, checkpoint['optimizer'], options=StateDictOptions(full_state_dict=True))
@@ -409,6 +422,7 @@ signal.signal(signal.SIGTERM, request_stop)
 signal.signal(signal.SIGINT, request_stop)
 start_iter = timed_from = iter_num  # timed_from: the step where the current timing started
 trained_s = 0.0  # seconds spent in training steps (evaluations left out), for the ETA
+fastest_dt, slow_told = float('inf'), False  # for the one hint that the cores are busy elsewhere
 if warmup_iters > max_iters:
     log(f"warmup_iters={warmup_iters} is more than max_iters={max_iters}: the learning rate never reaches its peak "
         f"learning_rate={learning_rate:g} (it ends at {get_lr(max_iters - 1):.2e})")
@@ -486,6 +500,11 @@ while True:
         mfu = flops_per_step / dt / (peak_flops * world_size) if peak_flops else None
         memory = torch.cuda.max_memory_allocated(device) / 2**30 if device_type == 'cuda' else None
         eta = trained_s / (iter_num - start_iter) * (max_iters - iter_num)  # the whole run's rate, steadier than the last interval's
+        if device_type == 'cpu' and dt > 3 * fastest_dt and not slow_told:  # the same steps, 3x slower: not the model
+            slow_told = True
+            log(f"steps take {dt / fastest_dt:.1f}x as long as earlier ones: if other programs use the CPU cores, "
+                f"start train.py with OMP_NUM_THREADS set to the free cores (README, quick start)")
+        fastest_dt = min(fastest_dt, dt)
         log(f"iter {iter_num}/{max_iters}: loss {loss_value:.4f}, lr {lr:.2e}, grad norm {grad_norm.item():.3f}, "
             f"{dt * 1000:.0f} ms/iter, {tokens_per_step / dt:,.0f} tokens/s"
             + (f", MFU {mfu:.1%}" if mfu else '') + (f", peak memory {memory:.1f} GiB" if memory else '')

@@ -1,8 +1,10 @@
 # compare.py's first look: every method once (seed 1), at the peak learning rates the CPU default's sweep
-# chose (README, 2026-12-03), for 400 of the default's 1,000 steps: 9 minutes on 2 CPU cores (measured).
+# chose (README, 2026-12-03), for 400 of the default's 1,000 steps: 9 minutes on 2 CPU cores (measured before
+# GaLore and Fira were added; with them about 12 minutes, estimated).
 # python compare.py config/compare_quick.py
 # tokens per run: 400 steps x 16 sequences x 256 tokens = 1.6M, 4.1 per full-rank non-embedding parameter
 out_dir = 'out-compare-quick'
 max_iters = 400
 seeds = (1,)
-learning_rates = (('full-rank', 4e-3), ('cola', 4e-3), ('dlr', 8e-3), ('elas', 4e-3), ('tsvd', 2e-3))
+learning_rates = (('full-rank', 4e-3), ('cola', 4e-3), ('dlr', 8e-3), ('elas', 4e-3), ('tsvd', 2e-3),
+                  ('galore', 1e-2), ('fira', 1e-2))  # GaLore and Fira: their packages' lr, not yet swept here

@@ -1,5 +1,6 @@
 import json
 
+import pytest
 import torch
 import torch.nn.functional as F
 from helpers import ROOT, run
@@ -43,8 +44,19 @@ def test_bench_runs_on_a_tiny_cpu_config_and_reports_consistent_counts():
     assert rows['full-rank + full ckpt']['activation_bytes_per_token_per_layer'] == 4 * d
     assert rows['cola-m']['activation_bytes_per_token_per_layer'] == 4 * (2 * d + 7 * r_)
     assert rows['cola-m']['recompute_flops_per_token'] < rows['full-rank + full ckpt']['recompute_flops_per_token']
+    # GaLore / Fira, fp32: per projection (m out x n in) two moments r x max(m, n) and the projector r x min(m, n);
+    # the other parameters AdamW's two moments; Fira one norm more per projection. AdamW: two moments, and a step
+    # per tensor (12 tensors: embedding, lm_head, final norm; per block 2 norms and 7 projections)
+    full = rows['full-rank']['params_M'] * 1e6
+    shapes = [(d, d)] * 4 + [(f, d)] * 2 + [(d, f)]
+    projected = sum(m * n for m, n in shapes)
+    low_rank = 4 * sum(r_ * (2 * max(m, n) + min(m, n)) for m, n in shapes) + 8 * (full - projected)
+    assert rows['galore']['optimizer_state_bytes_per_param'] * full == pytest.approx(low_rank)
+    assert rows['fira']['optimizer_state_bytes_per_param'] * full == pytest.approx(low_rank + 4 * 7)
+    assert rows['full-rank']['optimizer_state_bytes_per_param'] * full == pytest.approx(8 * full + 4 * 12)
     table = run(ROOT, 'bench.py', *args).stdout
-    assert table.count('\n| ') == 9 and 'Against the paper:' in table and 'throughput: CoLA' in table
+    assert table.count('\n| ') == 11 and 'Against the paper:' in table and 'throughput: CoLA' in table
+    assert 'GaLore / Fira' in table
 
 
 def test_generation_benchmark_compares_cola_with_full_rank():

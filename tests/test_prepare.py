@@ -107,10 +107,10 @@ def test_c4_mode_reads_allenai_c4_layout_through_datasets(tmp_path):
     write_c4_file(str(c4 / 'en' / 'c4-train.00000-of-01024.json.gz'), DOCS[:8])
     write_c4_file(str(c4 / 'en' / 'c4-train.00001-of-01024.json.gz'), DOCS[8:16])
     write_c4_file(str(c4 / 'en' / 'c4-validation.00000-of-00008.json.gz'), DOCS[16:])
-    r = run_prepare(tmp_path, f'--c4_path={c4}', '--train_shards=2', '--val_shards=1', '--out_dir=out')
+    r = run_prepare(tmp_path, f'--c4_path={c4}', '--train_shards=2', '--val_shards=1', '--out_dir=out', '--encoding=byte')
     assert r.returncode == 0, r.stderr
     tokens, meta = stream(tmp_path / 'out')
-    np.testing.assert_array_equal(tokens, expected_tokens(DOCS[16:] + DOCS[:16], 'gpt2'))
+    np.testing.assert_array_equal(tokens, expected_tokens(DOCS[16:] + DOCS[:16], 'byte'))
     assert meta['splits']['train']['sources'] == ['en/c4-train.00000-of-01024.json.gz', 'en/c4-train.00001-of-01024.json.gz']
 
 

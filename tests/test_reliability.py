@@ -3,7 +3,6 @@ Each test runs the scripts as a user would and checks the exit status, the one l
 
 import json
 import os
-import pickle
 import shutil
 import signal
 import subprocess

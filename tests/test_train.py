@@ -62,9 +62,9 @@ def test_the_seed_sets_the_init_and_the_order_of_the_training_sequences_and_repe
 @pytest.mark.parametrize('parallel', ['ddp', 'fsdp'])
 def test_two_processes_match_one_with_the_same_global_batch(data, parallel):
     common = [*TINY, '--data_dir=data', '--eval_interval=6', '--max_iters=6', '--gradient_accumulation_steps=2']
-    run(data, 'train.py', *common, '--out_dir=one', '--batch_size=4')
+    run(data, 'train.py', *common, f'--out_dir=one-{parallel}', '--batch_size=4')
     run(data, 'train.py', *common, f'--out_dir={parallel}', '--batch_size=2', f'--parallel={parallel}', torchrun=2)
-    one, one_val = train_log(data / 'one')
+    one, one_val = train_log(data / f'one-{parallel}')
     two, two_val = train_log(data / parallel)
     assert one.keys() == two.keys()
     for it in one:
