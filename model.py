@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from methods import elas, tsvd
+from methods import elas, lowrank, relora, sltrain, tsvd
 
 try:
     import kernels  # the fused CoLA product; without Triton installed, CoLA layers run eager PyTorch
@@ -50,7 +50,12 @@ class ModelConfig:
     dlr_alpha: float = 0.0  # DLR: > 0 adds (alpha / sqrt(K)) * Expand_K(silu(z)) to each CoLA layer (paper: 1.0)
     dlr_scope: str = 'all'  # DLR on 'all' seven projections, or only on 'attn' or 'mlp'
     mlp: str = 'swiglu'  # 'swiglu', or 'elas' (methods/elas.py: 2:4 sparse squared-ReLU MLP)
-    projection: str = 'cola'  # the low-rank projection when rank > 0: 'cola', or 'tsvd' (methods/tsvd.py; rank = start rank)
+    projection: str = 'cola'  # the projection when rank > 0: 'cola', or a method of methods/: 'tsvd' (rank = start
+    #                           rank), 'low-rank', 'sltrain', 'relora'
+    sltrain_delta: float = 0.03  # SLTrain: the sparse part's density
+    sltrain_alpha: float = 32.0  # SLTrain: the low-rank part's scale is alpha / rank
+    relora_alpha: float = 32.0  # ReLoRA: the LoRA branch's scale is alpha / rank
+    relora_dropout: float = 0.0  # ReLoRA: dropout on the LoRA branch's input (official 0.1)
     norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     # how to run it, not what it is: a checkpoint loads whatever these say
@@ -77,10 +82,15 @@ class ModelConfig:
                              f"positive on CoLA layers (rank > 0), dlr_scope 'all', 'attn' or 'mlp'")
         if self.mlp not in ('swiglu', 'elas'):
             raise ValueError(f"mlp={self.mlp!r}: expected 'swiglu' or 'elas'")
-        if self.projection not in ('cola', 'tsvd') or (self.projection == 'tsvd' and (
-                self.rank == 0 or self.dlr_alpha > 0 or self.checkpointing == 'cola-m')):
-            raise ValueError(f"projection={self.projection!r}: expected 'cola', or 'tsvd' with rank > 0 (its start rank) "
-                             f"and without DLR or CoLA-M, which are for CoLA layers")
+        if self.projection not in ('cola', 'tsvd', 'low-rank', 'sltrain', 'relora') or (self.projection != 'cola' and (
+                self.rank == 0 or self.dlr_alpha > 0 or (self.checkpointing == 'cola-m' and self.projection != 'low-rank'))):
+            raise ValueError(f"projection={self.projection!r}: expected 'cola', or 'tsvd', 'low-rank', 'sltrain' or 'relora' "
+                             f"with rank > 0 and without DLR or CoLA-M, which are for CoLA layers (CoLA-M: Low-Rank too)")
+        if not (0 < self.sltrain_delta <= 1 and self.sltrain_alpha > 0 and self.relora_alpha > 0
+                and 0 <= self.relora_dropout < 1):
+            raise ValueError(f"sltrain_delta={self.sltrain_delta}, sltrain_alpha={self.sltrain_alpha}, relora_alpha="
+                             f"{self.relora_alpha}, relora_dropout={self.relora_dropout}: expected a density in (0, 1], "
+                             f"positive scales and a dropout in [0, 1)")
         if self.checkpointing == 'cola-m' and self.rank == 0:
             raise ValueError("checkpointing='cola-m' needs CoLA layers: set rank > 0 (got rank=0, a full-rank model)")
 
@@ -171,6 +181,12 @@ def build_projection(d_in, d_out, config, part):
     method's layer, each from its own file."""
     if config.rank > 0 and config.projection == 'tsvd':
         return tsvd.TSVDLinear(d_in, d_out, config.rank)
+    if config.rank > 0 and config.projection == 'low-rank':
+        return lowrank.LowRankLinear(d_in, d_out, config.rank)
+    if config.rank > 0 and config.projection == 'sltrain':
+        return sltrain.SLTrainLinear(d_in, d_out, config.rank, config.sltrain_delta, config.sltrain_alpha)
+    if config.rank > 0 and config.projection == 'relora':
+        return relora.ReLoRALinear(d_in, d_out, config.rank, config.relora_alpha, config.relora_dropout)
     if config.rank > 0:
         dlr = config.dlr_alpha if config.dlr_scope in ('all', part) else 0.0
         return CoLALinear(d_in, d_out, config.rank, config.fused_cola, dlr)
@@ -343,25 +359,31 @@ class Transformer(nn.Module):
             n -= self.tok_emb.weight.numel() + self.lm_head.weight.numel()
         return n
 
-    def flops_per_token(self, seq_len):
-        """Training FLOPs per token, from the layers as they are now: 6 per matmul weight (2 forward, 4
-        backward; a projection's multiply-adds per token are its parameter count, for nn.Linear,
-        CoLA and TSVD alike), attention's scores and mixing (4 * seq_len * d forward, over the whole
-        T x T square, as FlopCounterMode counts it; 2x that in backward), plus what the checkpointing
-        recomputes in backward. Elementwise work is not counted. Recomputation is included, so MFU
-        from this is what the hardware does (HFU in PaLM's terms)."""
+    def flops_per_token(self, seq_len, batch_size=1):
+        """Training FLOPs per token, from the layers as they are now: per matmul multiply-add 2 forward, 2
+        for the input's gradient and 2 for the weight's (a projection's multiply-adds per token are its
+        parameter count for nn.Linear, CoLA, TSVD and Low-Rank; SLTrain multiplies by its dense W; ReLoRA's
+        frozen W gets no weight gradient: 4); attention's scores and mixing (4 * seq_len * d forward, over
+        the whole T x T square, as FlopCounterMode counts it; 2x that in backward); SLTrain's rebuild of W
+        once per forward call, shared by its batch_size x seq_len tokens; plus what the checkpointing
+        recomputes in backward. Elementwise work is not counted. Recomputation is included, so MFU from
+        this is what the hardware does (HFU in PaLM's terms)."""
         c = self.config
         attention = 4 * seq_len * c.n_embd
-        forward, recompute = 2 * c.n_embd * c.vocab_size, 0
+        total = 6 * c.n_embd * c.vocab_size
         for block in self.blocks:
-            layer = 2 * sum(p.numel() for proj in block.projections() for p in proj.parameters()) + attention
-            forward += layer
-            if c.checkpointing == 'full':  # the whole block again
-                recompute += layer
+            projections = block.projections()
+            multiply_adds = sum(proj.A.size(1) * proj.B.size(0) if isinstance(proj, sltrain.SLTrainLinear)
+                                else sum(p.numel() for p in proj.parameters()) for proj in projections)
+            frozen = sum(p.numel() for proj in projections for p in proj.parameters() if not p.requires_grad)
+            rebuild = sum(proj.rebuild_flops() for proj in projections if isinstance(proj, sltrain.SLTrainLinear))
+            total += 6 * multiply_adds - 2 * frozen + 3 * attention + rebuild / (batch_size * seq_len)
+            if c.checkpointing == 'full':  # the whole block's forward again
+                total += 2 * multiply_adds + attention + rebuild / 3 / (batch_size * seq_len)
             elif c.checkpointing == 'cola-m':  # attention and the up-projections inside the checkpoints (not o's, down's)
-                recompute += 2 * sum(proj.B.numel() for proj in block.projections()
-                                     if proj not in (block.attn.o_proj, block.mlp.down_proj)) + attention
-        return 3 * forward + recompute
+                total += 2 * sum(proj.B.numel() for proj in projections
+                                 if proj not in (block.attn.o_proj, block.mlp.down_proj)) + attention
+        return total
 
     def fold_dlr(self):
         """DLR folded into B (exact): this model becomes a plain CoLA model with the same outputs,

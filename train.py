@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import configure, public_settings
-from methods import elas, galore, tsvd
+from methods import elas, galore, relora, tsvd
 from model import ModelConfig, Transformer, load_checkpoint, model_from_checkpoint
 from shards import load_meta, read_shard, shard_path, write_durably
 
@@ -62,7 +62,11 @@ only_lr_act = False
 dlr_alpha = 0.0  # DLR: > 0 switches on the latent residual (paper: 1.0)
 dlr_scope = 'all'
 mlp = 'swiglu'  # or 'elas': squared-ReLU MLP with 2:4 activation sparsity
-projection = 'cola'  # or 'tsvd': orthonormal truncated-SVD projections whose rank shrinks (methods/tsvd.py)
+projection = 'cola'  # or a method of methods/: 'tsvd', 'low-rank', 'sltrain', 'relora' (rank = its rank)
+sltrain_delta = 0.03
+sltrain_alpha = 32.0
+relora_alpha = 32.0
+relora_dropout = 0.0
 norm_eps = 1e-6
 rope_theta = 10000.0
 checkpointing = 'none'  # or 'full' (whole blocks recomputed), or 'cola-m' (CoLA-M)
@@ -85,6 +89,11 @@ elas_warmup_iters = 1000  # ELAS: dense steps before 2:4 sparsity switches on (t
 tsvd_interval = 1000  # TSVD: adapt the ranks every this many steps
 tsvd_energy = 0.98  # TSVD: each layer keeps the smallest rank holding this fraction of its spectrum's energy
 tsvd_min_rank = 16
+relora_interval = 1000  # ReLoRA: merge and restart every this many steps (the comparisons' 1000 of 10,000)
+relora_restart_warmup = 100  # ReLoRA: steps of linear re-warm-up after each merge
+relora_prune = 0.99  # ReLoRA: the fraction of the factors' Adam moments zeroed at each merge ...
+relora_prune_kind = 'random'  # ... at random, or 'magnitude' (the smallest)
+relora_warm_start = ''  # ReLoRA: a full-rank run's out_dir whose weights W start from ('' = from scratch)
 # system
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # 'float32' or 'bfloat16'
@@ -97,14 +106,15 @@ PEAK_FLOPS = {'A100': 312e12, 'H100': 989e12, 'H200': 989e12}  # dense bf16 per 
 config = configure(public_settings(globals()), sys.argv[1:])
 globals().update(config)
 for name in ('batch_size', 'gradient_accumulation_steps', 'eval_interval', 'eval_tokens', 'log_interval', 'dist_timeout_s',
-             'tsvd_interval', 'tsvd_min_rank', 'galore_rank', 'galore_update_interval'):
+             'tsvd_interval', 'tsvd_min_rank', 'galore_rank', 'galore_update_interval', 'relora_interval'):
     if config[name] < 1:
         raise SystemExit(f"{name}={config[name]}: expected a positive number")
-for name in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'min_lr', 'weight_decay', 'grad_clip', 'elas_warmup_iters', 'seed'):
+for name in ('max_iters', 'warmup_iters', 'lr_decay_iters', 'min_lr', 'weight_decay', 'grad_clip', 'elas_warmup_iters', 'seed',
+             'relora_restart_warmup'):
     if config[name] < 0:
         raise SystemExit(f"{name}={config[name]}: expected 0 or more")
 for name, allowed in [('dtype', ('float32', 'bfloat16')), ('parallel', ('ddp', 'fsdp')), ('init_from', ('scratch', 'resume')),
-                      ('optimizer', ('adamw', 'galore', 'fira'))]:
+                      ('optimizer', ('adamw', 'galore', 'fira')), ('relora_prune_kind', ('random', 'magnitude'))]:
     if config[name] not in allowed:
         raise SystemExit(f"{name}={config[name]!r}: expected one of {allowed}")
 if not learning_rate > 0:
@@ -114,6 +124,9 @@ if not 0 < tsvd_energy <= 1:
 if projection == 'tsvd' and parallel == 'fsdp':
     raise SystemExit("projection='tsvd' with parallel='fsdp': TSVD's rank changes reshape the parameters, which FSDP2's "
                      "shards do not follow; use parallel='ddp'")
+if projection == 'relora' and (parallel == 'fsdp' or not 0 <= relora_prune <= 1):
+    raise SystemExit(f"projection='relora' with parallel={parallel!r}, relora_prune={relora_prune}: expected "
+                     f"parallel='ddp' (ReLoRA's frozen W and trained factors share its layers) and a fraction in [0, 1]")
 if optimizer != 'adamw' and (rank != 0 or parallel == 'fsdp' or not galore_scale > 0):
     raise SystemExit(f"optimizer={optimizer!r} with rank={rank}, parallel={parallel!r}, galore_scale={galore_scale}: "
                      f"expected a full-rank model (rank=0; projecting the gradients of CoLA's factors is no published "
@@ -247,9 +260,13 @@ except ValueError as e:
 if checkpoint is None:
     with torch.device(device):  # built where it runs (a 7b model would not fit in 8 copies in host memory)
         raw_model = Transformer(model_config)
+    if projection == 'relora' and relora_warm_start:  # the paper's warm start: W from a full-rank run
+        warm = os.path.join(relora_warm_start, 'ckpt.pt')
+        relora.warm_start(raw_model, load_checkpoint(warm), warm)
 else:  # the weights as they were (TSVD: at the ranks the run had reached), run as this run says
     raw_model = model_from_checkpoint(checkpoint, device, checkpoint_path, checkpointing=checkpointing, fused_cola=fused_cola)
-method = ({'galore': 'GaLore', 'fira': 'Fira'}.get(optimizer) or 'full-rank' if rank == 0 else 'TSVD' if projection == 'tsvd' else 'CoLA') + (
+method = ({'galore': 'GaLore', 'fira': 'Fira'}.get(optimizer) or 'full-rank' if rank == 0 else {
+    'tsvd': 'TSVD', 'low-rank': 'Low-Rank', 'sltrain': 'SLTrain', 'relora': 'ReLoRA'}.get(projection, 'CoLA')) + (
     '-M' if checkpointing == 'cola-m' else '') + (' + DLR' if dlr_alpha > 0 else '') + (' + ELAS' if mlp == 'elas' else '')
 log(f"training {method}: {raw_model.num_params() / 1e6:.2f}M non-embedding parameters ({raw_model.num_params(False) / 1e6:.2f}M in all), "
     f"{tokens_per_step:,} tokens per step = {batch_size} x {block_size} x {gradient_accumulation_steps} x {world_size}")
@@ -383,7 +400,7 @@ if master:
             os.remove(os.path.join(out_dir, f))
     log_file = open(os.path.join(out_dir, 'log.jsonl'), 'a')
     log_file.write(json.dumps({'config': config, 'model_config': vars(model_config), 'tokens_per_step': tokens_per_step,
-                               'flops_per_token': raw_model.flops_per_token(block_size),
+                               'flops_per_token': raw_model.flops_per_token(block_size, batch_size),
                                'model_params': raw_model.num_params(False)}) + '\n')
     if iter_num > 0:  # readers keep the records of the redone steps, not those of the run that stopped
         log_file.write(json.dumps({'resumed_at': iter_num}) + '\n')
@@ -392,7 +409,7 @@ if master:
         wandb.init(project=wandb_project, name=wandb_run_name, config=config)
 gpu_name = torch.cuda.get_device_name(device) if device_type == 'cuda' else ''
 peak_flops = next((v for k, v in PEAK_FLOPS.items() if k in gpu_name), None)
-flops_per_step = raw_model.flops_per_token(block_size) * tokens_per_step
+flops_per_step = raw_model.flops_per_token(block_size, batch_size) * tokens_per_step
 
 
 def record(entry):
@@ -430,7 +447,7 @@ process_start = t0 = time.time()
 x, y = train_batch(data_position, 0)  # the first micro-batch; each next one loads while the current one computes
 while True:
     # 1. this step's schedules: the learning rate, and ELAS's sparsity (off during its dense warm-up)
-    lr = get_lr(iter_num)
+    lr = relora.jagged_lr(get_lr, iter_num, relora_interval, relora_restart_warmup) if projection == 'relora' else get_lr(iter_num)
     for group in optimizer.param_groups:
         group['lr'] = lr
     if mlp == 'elas':
@@ -474,12 +491,17 @@ while True:
     data_position += sequences_per_step
     flops_spent += flops_per_step
 
-    # 5. each method's own work after an optimizer step, the logic in its file (TSVD: retraction, rank cuts)
+    # 5. each method's own work after an optimizer step, the logic in its file (TSVD: retraction, rank cuts;
+    # ReLoRA: merges, restarts, pruned moments)
+    if projection == 'relora' and relora.after_step(raw_model, optimizer, iter_num, relora_interval, relora_prune,
+                                                    relora_prune_kind):
+        log(f"iter {iter_num}: ReLoRA merged B A into W, restarted A and B, pruned {relora_prune:.0%} of their moments")
+        record({'iter': iter_num, 'relora_merge': True})
     if projection == 'tsvd':
         ranks = tsvd.after_step(raw_model, optimizer, iter_num, tsvd_interval, tsvd_energy, tsvd_min_rank)
         if ranks:  # new ranks, new parameter tensors
             model = wrap(core)  # DDP around the new shapes
-            flops_per_step = raw_model.flops_per_token(block_size) * tokens_per_step
+            flops_per_step = raw_model.flops_per_token(block_size, batch_size) * tokens_per_step
             log(f"iter {iter_num}: TSVD ranks {min(ranks)}..{max(ranks)} (mean {sum(ranks) / len(ranks):.1f}), "
                 f"{raw_model.num_params() / 1e6:.3f}M non-embedding parameters, {flops_per_step / tokens_per_step / 1e6:.2f} "
                 f"MFLOPs per token (+{tsvd.retraction_flops(raw_model) / 1e6:.2f} MFLOPs per step to retract)")
