@@ -21,7 +21,7 @@ keep_checkpoints=True), on the first eval_tokens tokens of the validation split 
   the expected sharpness ES = mean over t > 0 of (L(t) + L(-t)) / 2 - L(0); and along each matrix's
   top-k singular directions s_k u_k v_k^T (all matrices at once, vectors and norms held still);
 - interpolation: the loss at (1 - a) theta_t + a theta_{t+1} between consecutive checkpoints, at
-  `alphas` points, and the barrier max_a L(a) - (L(0) + L(1)) / 2;
+  `alphas` points (ReLoRA: each checkpoint merged first), and the barrier max_a L(a) - (L(0) + L(1)) / 2;
 - similarity to the reference run: per layer (after the embedding and after each block), linear CKA
   on column-centred hidden states, mean cosine and relative L2.
 Writes out_dir/analysis.json, out_dir/analysis.md and, with matplotlib, out_dir/landscape.png and
@@ -33,14 +33,15 @@ import json
 import os
 import re
 import sys
+from dataclasses import replace
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from configurator import configure, public_settings
-from methods.tsvd import TSVDLinear, match_ranks
-from model import CoLALinear, load_checkpoint, model_from_checkpoint
+from methods.lowrank import LowRankLinear
+from model import CoLALinear, Transformer, load_checkpoint, model_from_checkpoint
 from shards import load_meta, read_shard, shard_path, write_durably
 
 # ----------------------------------------------------------------------------- config
@@ -59,7 +60,8 @@ directions = 5
 grid = 7  # points of t on [-t_max, t_max], odd so that it holds 0
 t_max = 0.003
 filter_norm = False  # filter-normalised directions (each row of d scaled to its weight row's norm)
-top_k = 3  # singular directions u_k v_k^T for k = 1 .. top_k (0: off)
+top_k = 3  # singular directions u_k v_k^T for k = 1 .. top_k (0: off; the paper: 20, averaged over top-5/10/20)
+top_k_t_max = 0.05  # their own t range, [-top_k_t_max, top_k_t_max] (the paper's +-0.05)
 interpolation = True
 alphas = 21
 similarity = True
@@ -75,12 +77,17 @@ def energy_rank(s, fraction):
     return int(np.searchsorted(energy, fraction * energy[-1] * (1 - 1e-12))) + 1
 
 
-def spectrum(s):
-    """Statistics of singular values s (descending)."""
+def spectrum(s, size=None):
+    """Statistics of singular values s (descending) of a matrix whose longer side is size (default len(s)).
+    The numerical rank counts s_i > s_1 * size * eps(float32), as numpy's matrix_rank defines it, with the
+    rounding of the float32 weights the matrices come from (a fixed cut such as 1e-12 counts the noise of a
+    product formed in float32: CoLA's A @ B of rank r showed rank 2r)."""
     s = np.asarray(s, dtype=np.float64)
     p = s / s.sum() if s.sum() > 0 else s
     nonzero = p[p > 0]
-    return {'rank': int((s > 1e-12).sum()), 'effective_rank': float(np.exp(-(nonzero * np.log(nonzero)).sum())),
+    cut = s[0] * (size or len(s)) * np.finfo(np.float32).eps
+    return {'rank': int((s > cut).sum()), 'above_0.1': int((s > 0.1).sum()),
+            'effective_rank': float(np.exp(-(nonzero * np.log(nonzero)).sum())),
             'stable_rank': float((s ** 2).sum() / s[0] ** 2) if s[0] > 0 else 0.0,
             'spectral_gap': float((s[0] - s[1]) / s[0]) if len(s) > 1 and s[0] > 0 else 0.0,
             'spectral_norm': float(s[0]), 'rank_90': energy_rank(s, 0.9), 'rank_95': energy_rank(s, 0.95),
@@ -97,6 +104,16 @@ def linear_cka(X, Y):
     return float((Y.T @ X).norm() ** 2 / ((X.T @ X).norm() * (Y.T @ Y).norm()))
 
 
+def similarity_of(layer, h, r):
+    """Hidden states h of a model against r of the reference on the same tokens, (tokens, d) each: linear CKA,
+    mean cosine, mean L2 (per position), and the paper's relative L2: the mean per-position L2 over the
+    reference's mean per-position norm."""
+    h, r = h.double(), r.double()
+    mean_l2 = float((h - r).norm(dim=-1).mean())
+    return {'layer': layer, 'cka': linear_cka(h, r), 'cosine': float(torch.nn.functional.cosine_similarity(h, r, dim=-1).mean()),
+            'mean_l2': mean_l2, 'relative_l2': mean_l2 / float(r.norm(dim=-1).mean())}
+
+
 def expected_sharpness(losses):
     """ES of losses on a symmetric grid with 0 at the centre: mean over k of (L(+k) + L(-k)) / 2 - L(0)."""
     c = len(losses) // 2
@@ -104,24 +121,62 @@ def expected_sharpness(losses):
 
 
 def barrier(losses):
-    """max over the interpolation of L(a) - (L(0) + L(1)) / 2."""
-    return float(max(losses) - (losses[0] + losses[-1]) / 2)
+    """Between consecutive checkpoints: the largest excess of the loss at an interior point over the straight
+    line between the endpoints' losses (the loss falls from one checkpoint to the next, so max L - (L(0) +
+    L(1)) / 2 would report that fall: a straight line from 3.0 to 2.8 would score 0.1)."""
+    line = np.linspace(losses[0], losses[-1], len(losses))
+    return float(max(np.asarray(losses[1:-1]) - line[1:-1]))
+
+
+def barrier_between_models(losses):
+    """Beyond Perplexity's barrier between two models at the same step: max over interior a of
+    L(a) - (L(0) + L(1)) / 2."""
+    return float(max(losses[1:-1]) - (losses[0] + losses[-1]) / 2)
 
 
 # ----------------------------------------------------------------------------- the model's matrices
 
 def matrices(model):
-    """name -> 2-D weight matrix as the layer computes it (x @ M): nn.Linear's W^T, CoLA's A, B and
-    A @ B (its product without the non-linearity), TSVD's S (its singular values are W's)."""
+    """name -> 2-D weight matrix as the layer computes it (x @ M): nn.Linear's W^T, CoLA's and Low-Rank's A,
+    B and A @ B (CoLA's product without its non-linearity), TSVD's S (its singular values are W's), and the
+    effective dense W^T of SLTrain (s B A + S) and ReLoRA (W + s B A)."""
     out = {}
     for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and name.startswith('blocks.'):
-            out[name] = module.weight.T
-        elif isinstance(module, CoLALinear):
-            out[name + '.A'], out[name + '.B'], out[name + '.A@B'] = module.A, module.B, module.A @ module.B
-        elif isinstance(module, TSVDLinear):
-            out[name + '.S'] = module.S
+        if isinstance(module, (CoLALinear, LowRankLinear)):  # factors; their product in float64
+            out[name + '.A'], out[name + '.B'], out[name + '.A@B'] = module.A, module.B, module.A.double() @ module.B.double()
+        elif name.startswith('blocks.') and name.endswith('_proj'):
+            out[name] = dense_weight(module).T
     return out
+
+
+def dense_weight(module):
+    """A projection's W (d_out, d_in) as one matrix, or None for CoLA-style factors (non-linear, or kept as
+    factors): nn.Linear's weight; TSVD's (U S V)^T; SLTrain's s B A + S; ReLoRA's W + s B A."""
+    if isinstance(module, torch.nn.Linear):
+        return module.weight
+    return module.dense_weight() if hasattr(module, 'dense_weight') else None
+
+
+def dense_state(model):
+    """The state dict of the full-rank model (rank=0) that computes what model computes, when every
+    projection has a dense W (full-rank, TSVD, SLTrain, ReLoRA); else None. In that form two checkpoints,
+    or two methods, interpolate meaningfully."""
+    state = {}
+    for name, module in model.named_modules():
+        if name.startswith('blocks.') and name.endswith('_proj'):
+            W = dense_weight(module)
+            if W is None:
+                return None
+            state[name + '.weight'] = W.detach().float()
+    for name, tensor in model.state_dict().items():
+        if not re.search(r'_proj\.', name):
+            state[name] = tensor
+    return state
+
+
+def full_rank_twin(model):
+    """A full-rank model of model's shapes (rank=0), into which dense_state loads."""
+    return Transformer(replace(model.config, rank=0, projection='cola', dlr_alpha=0.0)).to(device).eval()
 
 
 def projection_type(name):
@@ -130,7 +185,7 @@ def projection_type(name):
 
 def mean_spectra(named):
     """Per run: each statistic averaged over the matrices."""
-    stats = [spectrum(singular_values(m)) for m in named.values()]
+    stats = [spectrum(singular_values(m), max(m.shape)) for m in named.values()]
     return {k: float(np.mean([s[k] for s in stats])) for k in stats[0]}
 
 
@@ -190,11 +245,12 @@ def random_direction(model, generator, normalise):
 
 
 def singular_direction(model, k):
-    """Direction s_k u_k v_k^T in every 2-D block weight at once (its k-th singular triple, scaled by its
-    singular value as one of the paper code's options, so that t is relative to the weight), 0 elsewhere."""
+    """Direction s_k u_k v_k^T in every 2-D parameter at once, embeddings and lm_head included (its k-th
+    singular triple, scaled by its singular value as one of the paper code's options, so that t is relative
+    to the weight), 0 for vectors."""
     out = []
     for name, p in model.named_parameters():
-        if p.dim() == 2 and name.startswith('blocks.') and min(p.shape) >= k:
+        if p.dim() == 2 and min(p.shape) >= k:
             U, s, Vh = torch.linalg.svd(p.detach().double(), full_matrices=False)
             out.append((s[k - 1] * torch.outer(U[:, k - 1], Vh[k - 1])).to(p))
         else:
@@ -221,15 +277,14 @@ def outputs(model, idx):
     and the hidden states after the embedding and after each block (tokens, d)."""
     captured, hidden, hooks = {}, [], []
     for name, module in model.named_modules():
-        if isinstance(module, (torch.nn.Linear, CoLALinear, TSVDLinear)) and name.startswith('blocks.'):
+        if name.startswith('blocks.') and name.endswith('_proj'):  # every projection, whichever its kind
             def hook(module, args, output, name=name):
                 captured[name] = output.reshape(-1, output.size(-1))
                 if isinstance(module, CoLALinear):
                     captured[name + '.z'] = module.down(args[0]).reshape(-1, module.A.size(1))
             hooks.append(module.register_forward_hook(hook))
-    hooks.append(model.tok_emb.register_forward_hook(lambda m, a, out: hidden.append(out.reshape(-1, out.size(-1)))))
-    for block in model.blocks:
-        hooks.append(block.register_forward_hook(lambda m, a, out: hidden.append(out.reshape(-1, out.size(-1)))))
+    for module in [model.tok_emb, *model.blocks, model.norm]:  # the last: the final hidden state, after the final norm
+        hooks.append(module.register_forward_hook(lambda m, a, out: hidden.append(out.reshape(-1, out.size(-1)))))
     model(idx)
     for h in hooks:
         h.remove()
@@ -263,7 +318,7 @@ def series(run_dir):
     return sorted(files, key=lambda f: int(re.search(r'ckpt_(\d+)\.pt$', f).group(1)))  # (not a stray ckpt_final.pt)
 
 
-def analyze(run_dir, reference_hidden):
+def analyze(run_dir, reference_hidden, reference_dense=None):
     path = os.path.join(run_dir, 'ckpt.pt')
     if not os.path.exists(path):
         raise SystemExit(f"no checkpoint {path}: analyze.py reads train.py's out_dir")
@@ -275,12 +330,15 @@ def analyze(run_dir, reference_hidden):
         table, widths = {}, {}
         for name, acts in tqdm(captured.items(), desc='activation spectra', leave=False):
             kind = projection_type(name) + (' z' if name.endswith('.z') else '')
-            table.setdefault(kind, []).append(spectrum(singular_values(acts)))
+            table.setdefault(kind, []).append(spectrum(singular_values(acts), max(acts.shape)))
             widths[kind] = acts.size(1)
         result['activations'] = {kind: {'width': widths[kind], **{k: float(np.mean([s[k] for s in stats])) for k in stats[0]}}
                                  for kind, stats in table.items()}
     if weights:
-        result['weights'] = mean_spectra(matrices(model))
+        named = matrices(model)  # as the paper: statistics averaged over the matrices trained (CoLA: its factors) ...
+        result['weights'] = mean_spectra({k: v for k, v in named.items() if not k.endswith('.A@B')})
+        if any(k.endswith('.A@B') for k in named):  # ... and the factors' product apart
+            result['weights_product'] = mean_spectra({k: v for k, v in named.items() if k.endswith('.A@B')})
     if updates and len(series(run_dir)) >= 2:
         steps, previous = [], None
         for file in tqdm(series(run_dir), desc='update spectra', leave=False):
@@ -300,23 +358,41 @@ def analyze(run_dir, reference_hidden):
                   for _ in tqdm(range(directions), desc='random directions', leave=False)]
         sharpness = [expected_sharpness(c) for c in curves]
         result['landscape'] = {'t': ts.tolist(), 'curves': curves, 'sharpness_mean': float(np.mean(sharpness)),
-                               'sharpness_std': float(np.std(sharpness))}
-        result['top_k'] = [{'k': k, 'sharpness': expected_sharpness(along(model, loss_fn, singular_direction(model, k), ts))}
-                           for k in tqdm(range(1, top_k + 1), desc='singular directions', leave=False)]
+                               'sharpness_std': float(np.std(sharpness)),  # and the paper's average variance over t:
+                               'variance_mean': float(np.mean(np.var(curves, axis=0))) if curves else float('nan')}
+        ts_k = np.linspace(-top_k_t_max, top_k_t_max, grid)
+        result['top_k'] = [{'k': k, 't': ts_k.tolist(), 'sharpness': expected_sharpness(
+            along(model, loss_fn, singular_direction(model, k), ts_k))}
+            for k in tqdm(range(1, top_k + 1), desc='singular directions', leave=False)]
+        result['top_k_means'] = {f'top_{n}': float(np.mean([d['sharpness'] for d in result['top_k'][:n]]))
+                                 for n in (5, 10, 20) if top_k >= n}
     if interpolation and len(series(run_dir)) >= 2:
+        # dense W where the method has one (TSVD's rotating factors, ReLoRA merged), the factors as trained otherwise
         files, barriers = series(run_dir), []
-        second = load_checkpoint(files[0])['model']
+        twin = full_rank_twin(model) if dense_state(model) is not None else None
+        second = load_run(files[0])[0]
         for a, b in tqdm(list(zip(files, files[1:])), desc='interpolation', leave=False):
-            first, second = second, load_checkpoint(b)['model']  # each checkpoint read once
-            if all(first[k].shape == second[k].shape for k in first):  # TSVD: not across a rank change
-                match_ranks(model, first)
-                losses = interpolate(model, first, second, loss_fn, alphas)
-                barriers.append({'from': a, 'to': b, 'losses': losses, 'barrier': barrier(losses)})
+            first, second = second, load_run(b)[0]  # each checkpoint read once
+            if twin is not None:
+                losses = interpolate(twin, dense_state(first), dense_state(second), loss_fn, alphas)
+            elif all(p.shape == q.shape for p, q in zip(first.state_dict().values(), second.state_dict().values())):
+                losses = interpolate(first, first.state_dict(), second.state_dict(), loss_fn, alphas)
+            else:
+                continue
+            barriers.append({'from': a, 'to': b, 'losses': losses, 'barrier': barrier(losses)})
         result['interpolation'] = barriers
+    if reference_dense is not None:  # Beyond Perplexity's barrier between this model and the reference's
+        ours = dense_state(model)
+        if ours is None:
+            result['barrier_to_reference'] = 'not computed: CoLA-style factors (CoLA, DLR, Low-Rank) have no dense W; ' \
+                                             'their factors of two models do not interpolate meaningfully'
+        elif {k: v.shape for k, v in ours.items()} != {k: v.shape for k, v in reference_dense.items()}:
+            result['barrier_to_reference'] = 'not computed: other shapes than the reference'
+        else:
+            losses = interpolate(full_rank_twin(model), reference_dense, ours, loss_fn, alphas)
+            result['barrier_to_reference'] = {'losses': losses, 'barrier': barrier_between_models(losses)}
     if similarity and reference_hidden is not None:
-        result['similarity'] = [{'layer': i, 'cka': linear_cka(h, r), 'cosine': float(torch.nn.functional.cosine_similarity(
-            h.double(), r.double(), dim=-1).mean()), 'relative_l2': float((h - r).double().norm() / r.double().norm())}
-            for i, (h, r) in enumerate(zip(hidden, reference_hidden))]
+        result['similarity'] = [similarity_of(i, h, r) for i, (h, r) in enumerate(zip(hidden, reference_hidden))]
     return result
 
 
@@ -340,8 +416,11 @@ def markdown(results):
         if r.get('interpolation'):
             lines += ['', f"{r['run']}: barriers between consecutive checkpoints: "
                       + ', '.join(f"{b['barrier']:.3g}" for b in r['interpolation'])]
+        if isinstance(r.get('barrier_to_reference'), dict):
+            lines += ['', f"{r['run']}: barrier to the reference at the same step (dense W interpolated): "
+                      f"{r['barrier_to_reference']['barrier']:.3g}"]
         if r.get('similarity'):
-            lines += ['', f"{r['run']} against the reference, per layer (0: the embedding): CKA "
+            lines += ['', f"{r['run']} against the reference, per layer (0: the embedding; last: after the final norm): CKA "
                       + ', '.join(f"{s['cka']:.3f}" for s in r['similarity'])]
     return '\n'.join(lines)
 
@@ -369,7 +448,7 @@ def plots(results, folder):
         for r in (r for r in results if r.get('similarity')):
             ax.plot([s['layer'] for s in r['similarity']], [s['cka'] for s in r['similarity']], marker='o',
                     label=os.path.basename(r['run']))
-        ax.set(xlabel='layer (0: embedding)', ylabel='linear CKA with the reference')
+        ax.set(xlabel='layer (0: embedding; last: after the final norm)', ylabel='linear CKA with the reference')
         ax.legend(fontsize=8)
         fig.tight_layout()
         write_durably(os.path.join(folder, 'cka.png'), lambda f: fig.savefig(f, format='png', dpi=100))
@@ -386,7 +465,7 @@ if __name__ == '__main__':
     globals().update(configure(public_settings(globals()), sys.argv[1:]))
     if not runs:
         raise SystemExit("runs='': give --runs=out_dir1,out_dir2 (train.py out_dirs)")
-    if grid < 3 or grid % 2 == 0 or alphas < 2 or directions < 0 or top_k < 0:
+    if grid < 3 or grid % 2 == 0 or alphas < 2 or directions < 0 or top_k < 0 or not top_k_t_max > 0:
         raise SystemExit(f"grid={grid}, alphas={alphas}, directions={directions}, top_k={top_k}: expected an odd grid "
                          f"of at least 3 points, at least 2 alphas, and directions, top_k >= 0")
     for name, value in [('batch_size', batch_size), ('eval_tokens', eval_tokens), ('activation_tokens', activation_tokens)]:
@@ -404,15 +483,16 @@ if __name__ == '__main__':
         raise SystemExit(f"{other} was trained on {encodings[other]!r} tokens and the reference {reference} on "
                          f"{encodings[reference]!r} tokens: their hidden states are not of the same tokens")
     torch.manual_seed(seed)
-    reference_hidden = None
+    reference_hidden = reference_dense = None
     if reference and similarity:  # the reference's hidden states on the same tokens
         model, checkpoint = load_run(os.path.join(reference, 'ckpt.pt'))
         tokens = Loss(run_data_dir(checkpoint, reference), eval_tokens, model.config.block_size).x
         reference_hidden = outputs(model, tokens[:max(1, activation_tokens // model.config.block_size)])[1]
+        reference_dense = dense_state(model) if interpolation else None
     results = []
     for run_dir in runs.split(','):
         print(f"analysing {run_dir} ...", flush=True)
-        results.append(analyze(run_dir, reference_hidden))
+        results.append(analyze(run_dir, reference_hidden, reference_dense))
         write_results(results)  # each finished run's results kept, whatever happens to the next
     print(markdown(results))
     plots(results, out_dir)

@@ -10,6 +10,7 @@ CoLA-M, DLR, ELAS and TSVD (at its start rank, CoLA's) at the same shapes.
     python bench.py --table=params                           # parameter counts of every config in config/
     python bench.py --table=memory                           # computed memory per GPU of every config
     python bench.py --elas_sparse                            # ELAS's FFN, 2:4 sparse kernels against dense (CUDA)
+    python bench.py --sltrain_ways                           # SLTrain: dense rebuild against low-rank + sparse products
 
 Counts are measured, not derived: FLOPs with torch.utils.flop_counter.FlopCounterMode, activation
 memory as the bytes still allocated after a forward pass (the profiler's memory events on CPU,
@@ -28,7 +29,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from configurator import configure, public_settings, read_config_file
-from methods import elas, galore
+from methods import elas, galore, sltrain
 from model import CoLALinear, ModelConfig, Transformer
 
 ROOT = os.path.dirname(os.path.abspath(__file__))  # config/ is found from here, wherever bench.py is run
@@ -130,6 +131,7 @@ VARIANTS = [  # name (compare.py's method names), changes to the CoLA shape
     ('cola', {}), ('cola + full ckpt', dict(checkpointing='full')), ('cola-m', dict(checkpointing='cola-m')),
     ('dlr', dict(dlr_alpha=1.0)), ('elas', dict(mlp='elas')), ('tsvd', dict(projection='tsvd')),  # TSVD at its start rank
     ('galore', dict(rank=0)), ('fira', dict(rank=0)),  # full-rank models; the optimizer projects at CoLA's rank
+    ('low-rank', dict(projection='low-rank')), ('sltrain', dict(projection='sltrain')), ('relora', dict(projection='relora')),
 ]
 GALORE_UPDATE_INTERVAL, GALORE_SCALE = 200, 0.25  # the official 60m scripts'
 
@@ -330,6 +332,35 @@ def generation_benchmark(shape, device, ptdtype, batch, prompt_tokens, new_token
     return '\n'.join(lines)
 
 
+def sltrain_ways_benchmark(device, steps=7):
+    """SLTrain's y = x W^T with W = s B A + S two ways, forward and backward, interleaved, median ms: the dense
+    W rebuilt and one dense matmul (what methods/sltrain.py runs), against the low-rank product plus a
+    sparse product with S (torch.sparse.mm), at 3% density."""
+    print('| W (d_out x d_in), rank, tokens | dense rebuild ms | low-rank + sparse ms | sparse / dense |')
+    print('|---|---|---|---|')
+    for d_in, d_out, r, tokens in [(256, 256, 64, 4096), (512, 512, 128, 4096), (512, 1376, 128, 4096)]:
+        layer = sltrain.SLTrainLinear(d_in, d_out, r).to(device)
+        torch.nn.init.normal_(layer.B)
+        x = torch.randn(tokens, d_in, device=device, requires_grad=True)
+        dy = torch.randn(tokens, d_out, device=device)
+        rows, cols = layer.support // d_in, layer.support % d_in
+
+        def low_rank_plus_sparse():
+            S = torch.sparse_coo_tensor(torch.stack([rows, cols]), layer.values, (d_out, d_in), check_invariants=False)
+            return layer.scale * ((x @ layer.A.T) @ layer.B.T) + torch.sparse.mm(S, x.T).T
+
+        times = {layer: [], low_rank_plus_sparse: []}
+        for _ in range(steps):
+            for fn in times:
+                t0 = time.perf_counter()
+                fn(x).backward(dy) if fn is layer else fn().backward(dy)
+                if device.startswith('cuda'):
+                    torch.cuda.synchronize()
+                times[fn].append(time.perf_counter() - t0)
+        dense, sparse = (sorted(t)[len(t) // 2] * 1e3 for t in times.values())
+        print(f"| {d_out} x {d_in}, {r}, {tokens} | {dense:.1f} | {sparse:.1f} | {sparse / dense:.2f}x |")
+
+
 def elas_sparse_benchmark(tokens=16384, dtype=torch.bfloat16):
     """Forward+backward time of ELAS's FFN on CoLA layers with the 2:4 semi-structured sparse product
     against the same FFN computed dense, at the 350m and 1b widths (CUDA)."""
@@ -372,6 +403,7 @@ if __name__ == '__main__':
     table = ''  # 'params' or 'memory': instead, parameter counts or computed memory per GPU of every config/ file
     generation = False  # instead: KV-cached generation, CoLA against full-rank
     elas_sparse = False  # instead: ELAS's FFN with the 2:4 sparse kernels against dense (CUDA)
+    sltrain_ways = False  # instead: SLTrain's dense rebuild against low-rank + sparse products
     prompt_tokens, new_tokens = 16, 32  # for generation, with batch_size sequences
     settings = configure(public_settings(globals()), sys.argv[1:])
     globals().update(settings)
@@ -382,6 +414,9 @@ if __name__ == '__main__':
         raise SystemExit(f"table={table!r}: expected 'params' or 'memory'")
     if table:
         print(params_table(configs)) if table == 'params' else memory_per_gpu_table(configs)
+        sys.exit()
+    if sltrain_ways:
+        sltrain_ways_benchmark(device)
         sys.exit()
     if elas_sparse:
         if not torch.cuda.is_available():

@@ -1,12 +1,13 @@
 """
-Every method nanoCoLA has (full-rank, CoLA, CoLA-M, DLR, ELAS, TSVD, GaLore, Fira) trained side by side on the same
+Every method nanoCoLA has (full-rank, CoLA, CoLA-M, DLR, ELAS, TSVD, GaLore, Fira, Low-Rank, SLTrain, ReLoRA) trained
+side by side on the same
 data, as close to the CoLA paper's regime (training tokens per parameter, shape ratios, schedule) as
 two CPU cores allow in a little over an hour, with seeds: does CoLA reach full-rank loss with half
 the compute?
 
     python prepare.py --input_files=assets/tinyshakespeare.txt --encoding=byte --out_dir=data/tiny
-    python compare.py                           # the CPU default: 59 runs, about 2 hours on 2 cores (estimated)
-    python compare.py config/compare_quick.py   # a first look: one seed, no sweep, about 12 minutes
+    python compare.py                           # the CPU default: 83 runs, about 3 hours on 2 cores (estimated)
+    python compare.py config/compare_quick.py   # a first look: one seed, no sweep, about 17 minutes (estimated)
     python compare.py config/compare_60m.py     # 60m shapes on C4, one GPU
 
 Every run is train.py on the same prepared data, with the same shapes and the paper's schedule shape
@@ -19,7 +20,8 @@ Every run is train.py on the same prepared data, with the same shapes and the pa
    same data order, and each gap to full-rank is taken within a seed before its mean and spread.
 The methods' own schedules scale with the run: ELAS is dense for the first elas_warmup of the steps (the
 paper: 1,000 of 10,000), TSVD adapts its ranks tsvd_adaptations times, at even intervals, and GaLore and
-Fira refresh their projectors every galore_interval of the steps (the official 200 of 10,000).
+Fira refresh their projectors every galore_interval of the steps (the official 200 of 10,000), ReLoRA
+merges every relora_interval of them (1,000 of 10,000) and re-warms over relora_restart_warmup (100).
 
 Each run writes out_dir/<run>/log.jsonl; from those logs this script writes out_dir/compare.md (the
 regime's arithmetic, the sweep, and each method's final validation loss and gaps to full-rank, at equal
@@ -58,7 +60,7 @@ max_iters = 1000  # 4.1M tokens: about 10 per full-rank non-embedding parameter
 warmup = 0.1  # linear warm-up over this fraction of the steps, then cosine to a tenth of the peak lr
 eval_interval = 100
 eval_tokens = 65536
-methods = ('full-rank', 'cola', 'cola-m', 'dlr', 'elas', 'tsvd', 'galore', 'fira')
+methods = ('full-rank', 'cola', 'cola-m', 'dlr', 'elas', 'tsvd', 'galore', 'fira', 'low-rank', 'sltrain', 'relora')
 sweep_lrs = (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)  # peak learning rates tried per method (GaLore's packages: 1e-2) ...
 sweep_fraction = 0.25  # ... in runs of this fraction of max_iters
 learning_rates = ()  # (method, peak lr) pairs that skip the sweep, e.g. (('full-rank', 2e-3),)
@@ -68,12 +70,14 @@ elas_warmup = 0.1  # ELAS's dense warm-up, as a fraction of the steps
 tsvd_adaptations = 10  # TSVD adapts its ranks this many times per run
 galore_interval = 0.02  # GaLore / Fira refresh their projector every this fraction of the steps (official: 200 of 10,000)
 galore_scale = 0.25  # GaLore's scale, Fira's alpha (the official scripts')
+relora_interval = 0.1  # ReLoRA merges every this fraction of the steps (the comparisons' 1,000 of 10,000) ...
+relora_restart_warmup = 0.01  # ... and re-warms its learning rate over this fraction (100 of 10,000)
 device = 'cpu'
 dtype = 'float32'
 compile_model = False
 nproc = 1  # processes per run (torchrun), e.g. GPUs
 
-METHODS = ('full-rank', 'cola', 'cola-m', 'dlr', 'elas', 'tsvd', 'galore', 'fira')  # every method compare.py knows
+METHODS = ('full-rank', 'cola', 'cola-m', 'dlr', 'elas', 'tsvd', 'galore', 'fira', 'low-rank', 'sltrain', 'relora')
 PAPER_TOKENS = 1.31e9  # the CoLA paper's 60M runs: 10,000 steps of 131,072 tokens ...
 PAPER_PARAMS = 60e6  # ... for LLaMA-60M, about 22 tokens per parameter
 PAPER_SHAPE = dict(n_layer=8, n_head=8, n_embd=512, intermediate_size=1376)  # its non-embedding part
@@ -88,7 +92,10 @@ def method_settings(method, steps):
                               'dlr': dict(dlr_alpha=dlr_alpha),
                               'elas': dict(mlp='elas', elas_warmup_iters=round(elas_warmup * steps)),
                               'tsvd': dict(projection='tsvd', tsvd_interval=max(1, steps // tsvd_adaptations)),
-                              'galore': galore, 'fira': dict(galore, optimizer='fira')}[method]
+                              'galore': galore, 'fira': dict(galore, optimizer='fira'),
+                              'low-rank': dict(projection='low-rank'), 'sltrain': dict(projection='sltrain'),
+                              'relora': dict(projection='relora', relora_interval=max(1, round(relora_interval * steps)),
+                                             relora_restart_warmup=max(1, round(relora_restart_warmup * steps)))}[method]
 
 
 def regime():
@@ -105,6 +112,7 @@ def regime():
             'elas_warmup_iters': method_settings('elas', max_iters)['elas_warmup_iters'],
             'tsvd_interval': method_settings('tsvd', max_iters)['tsvd_interval'], 'sweep_steps': sweep_steps,
             'galore_update_interval': method_settings('galore', max_iters)['galore_update_interval'],
+            'relora_interval': method_settings('relora', max_iters)['relora_interval'],
             'paper_tokens_per_param': PAPER_TOKENS / PAPER_PARAMS, 'paper_tokens_per_full_param': PAPER_TOKENS / paper_full}
 
 
@@ -212,7 +220,8 @@ def regime_text(plan):
             f"{plan['paper_tokens_per_full_param']:.0f} per non-embedding parameter. Rank = {plan['rank_ratio']:g} d; "
             f"warm-up {plan['warmup_iters']} of {max_iters} steps; ELAS dense for {plan['elas_warmup_iters']} steps; "
             f"TSVD adapts every {plan['tsvd_interval']} steps; GaLore and Fira refresh their projectors every "
-            f"{plan['galore_update_interval']} steps; the sweep's runs: {plan['sweep_steps']} steps.")
+            f"{plan['galore_update_interval']} steps; ReLoRA merges every {plan['relora_interval']} steps; the sweep's "
+            f"runs: {plan['sweep_steps']} steps.")
 
 
 def markdown(plan, sweep, best_lrs, study):

@@ -7,4 +7,5 @@ out_dir = 'out-compare-quick'
 max_iters = 400
 seeds = (1,)
 learning_rates = (('full-rank', 4e-3), ('cola', 4e-3), ('dlr', 8e-3), ('elas', 4e-3), ('tsvd', 2e-3),
-                  ('galore', 1e-2), ('fira', 1e-2))  # GaLore and Fira: their packages' lr, not yet swept here
+                  ('galore', 1e-2), ('fira', 1e-2),  # GaLore and Fira: their packages' lr, not yet swept here
+                  ('low-rank', 4e-3), ('sltrain', 3e-3), ('relora', 1e-3))  # CoLA's lr; SLTrain's and ReLoRA's official lrs

@@ -110,3 +110,4 @@ def warm_start(model, checkpoint, path):
         raise SystemExit(f"{path}: its weights do not fit this model ({str(e).splitlines()[1].strip()[:200]})") from None
     if unexpected or any(not k.endswith(('.A', '.B')) for k in missing):
         raise SystemExit(f"{path}: its weights do not fit this model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+

@@ -37,13 +37,13 @@ class SLTrainLinear(nn.Module):
         self.register_buffer('support', torch.randperm(d_out * d_in)[:nnz].sort().values)  # flat indices into W, fixed
         self.values = nn.Parameter(torch.empty(nnz).uniform_(-bound, bound))
 
-    def weight(self):
+    def dense_weight(self):
         """The dense W = (alpha / r) B A + S, (d_out, d_in)."""
         W = self.scale * (self.B @ self.A)
         return W.flatten().index_add(0, self.support, self.values).view_as(W)
 
     def forward(self, x):
-        return F.linear(x, self.weight())
+        return F.linear(x, self.dense_weight())
 
     def rebuild_flops(self):
         """Training FLOPs of one rebuild of W: the product B A (2 d_out r d_in) forward, twice that backward."""

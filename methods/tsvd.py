@@ -49,6 +49,10 @@ class TSVDLinear(nn.Module):
     def forward(self, x):
         return ((x @ self.U) @ self.S) @ self.V
 
+    def dense_weight(self):
+        """W^T = (U S V)^T, (d_out, d_in): nn.Linear's layout, formed in float64."""
+        return (self.U.double() @ self.S.double() @ self.V.double()).T
+
     @torch.no_grad()
     def retract(self):
         """U and V back to orthonormal by QR, the triangular factors absorbed into S (W unchanged)."""

@@ -3,11 +3,14 @@ import json
 import numpy as np
 import pytest
 import torch
+from dataclasses import replace
+
 from conftest import TINY, TINY_TRAIN
 from helpers import run, train_log
 
-from analyze import along, barrier, energy_rank, expected_sharpness, interpolate, linear_cka, random_direction, spectrum
-from model import Transformer
+from analyze import (along, barrier, barrier_between_models, dense_state, energy_rank, expected_sharpness, interpolate,
+                     linear_cka, matrices, random_direction, spectrum)
+from model import Transformer, load_checkpoint, model_from_checkpoint
 
 
 def test_spectrum_statistics_of_known_singular_values():
@@ -73,6 +76,47 @@ def test_interpolation_endpoints_are_the_checkpoints_losses():
     assert barrier([1.0, 3.0, 2.0]) == 1.5
 
 
+def test_barriers_measure_the_bump_not_the_fall():
+    assert barrier([3.0, 2.95, 2.9, 2.85, 2.8]) == pytest.approx(0.0)  # a straight fall: no barrier (was 0.10)
+    assert barrier([3.0, 3.1, 2.8]) == pytest.approx(0.2)  # 0.2 above the line's 2.9
+    assert barrier_between_models([2.0, 2.5, 2.2]) == pytest.approx(0.4)  # interior max over the endpoints' mean
+
+
+def test_the_rank_of_colas_product_is_its_bottleneck_not_twice_it():
+    torch.manual_seed(0)
+    model = Transformer(replace(TINY, n_embd=128, intermediate_size=256, n_head=4, rank=32))
+    product = matrices(model)["blocks.0.mlp.up_proj.A@B"].detach()  # 128 x 256 of rank 32, formed in float64
+    assert spectrum(torch.linalg.svdvals(product).numpy(), 256)['rank'] == 32
+    float32_product = (model.blocks[0].mlp.up_proj.A @ model.blocks[0].mlp.up_proj.B).detach()
+    assert spectrum(torch.linalg.svdvals(float32_product.double()).numpy(), 256)['rank'] == 32  # the relative cut
+
+
+def test_tsvd_is_measured_on_w_so_rotated_factors_of_the_same_w_change_nothing():
+    torch.manual_seed(0)
+    model = Transformer(replace(TINY, projection='tsvd'))
+    before = {k: v.detach().clone() for k, v in matrices(model).items()}
+    with torch.no_grad():
+        for layer in [m for m in model.modules() if hasattr(m, 'S')]:
+            Q, _ = torch.linalg.qr(torch.randn(layer.rank, layer.rank))
+            layer.U.copy_(layer.U @ Q)
+            layer.S.copy_(Q.T @ layer.S)  # U S V unchanged, the factors rotated
+    after = matrices(model)
+    assert max((after[k] - before[k]).norm().item() for k in before) < 1e-5
+    twin = Transformer(replace(TINY, rank=0))
+    twin.load_state_dict(dense_state(model))  # the same function as a full-rank model
+    idx = torch.randint(0, 96, (2, 32))
+    torch.testing.assert_close(twin.eval()(idx)[0], model.eval()(idx)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_an_elas_checkpoint_loads_with_the_sparsity_it_was_trained_in(data):
+    common = [*TINY_TRAIN, '--data_dir=data', '--mlp=elas', '--elas_warmup_iters=5', '--eval_interval=3']
+    run(data, 'train.py', *common, '--out_dir=elas_dense', '--max_iters=3')
+    run(data, 'train.py', *common, '--out_dir=elas_sparse', '--max_iters=6')
+    for name, sparse in (('elas_dense', False), ('elas_sparse', True)):
+        model = model_from_checkpoint(load_checkpoint(str(data / name / 'ckpt.pt')))
+        assert model.blocks[0].mlp.sparse is sparse
+
+
 def test_analyze_py_end_to_end_on_two_tiny_runs(data):
     common = [*TINY_TRAIN, '--data_dir=data', '--max_iters=9', '--eval_interval=3']
     run(data, 'train.py', *common, '--out_dir=an_full', '--rank=0', '--keep_checkpoints')
@@ -84,13 +128,27 @@ def test_analyze_py_end_to_end_on_two_tiny_runs(data):
             '--directions=2', '--grid=3', '--top_k=1', '--alphas=3', '--activation_tokens=256')
     results = json.load(open(data / 'an' / 'analysis.json'))
     full, cola = results
-    assert full['similarity'][0]['cka'] == pytest.approx(1.0) and len(cola['similarity']) == 3  # embedding + 2 blocks
+    assert full['similarity'][0]['cka'] == pytest.approx(1.0) and len(cola['similarity']) == 4  # embedding, 2 blocks, final norm
     assert {'q', 'down', 'q z', 'down z'} <= cola['activations'].keys() and cola['activations']['q z']['width'] == 16
     assert len(cola['updates']) == 2 and len(cola['interpolation']) == 2 and len(cola['landscape']['curves']) == 2
     assert cola['interpolation'][0]['losses'][-1] == pytest.approx(cola['interpolation'][1]['losses'][0])
+    assert full['barrier_to_reference']['barrier'] == pytest.approx(0.0, abs=1e-9)  # a model with itself
+    assert cola['barrier_to_reference'].startswith('not computed: CoLA-style factors')
     assert '| an_cola |' in r.stdout and (data / 'an' / 'analysis.md').exists()
     try:
         import matplotlib  # noqa: F401
         assert (data / 'an' / 'landscape.png').exists() and (data / 'an' / 'cka.png').exists()
     except ImportError:
         pass
+
+
+def test_similarity_has_the_papers_relative_l2_and_the_top_k_directions_cover_embeddings():
+    from analyze import similarity_of, singular_direction
+    r = torch.tensor([[3.0, 4.0], [0.0, 1.0]])  # per-position norms 5 and 1: mean 3
+    h = r + torch.tensor([[1.0, 0.0], [0.0, 2.0]])  # per-position L2 distances 1 and 2: mean 1.5
+    s = similarity_of(0, h, r)
+    assert s['mean_l2'] == pytest.approx(1.5) and s['relative_l2'] == pytest.approx(0.5)
+    model = Transformer(TINY)
+    direction = dict(zip([n for n, _ in model.named_parameters()], singular_direction(model, 1)))
+    assert direction['tok_emb.weight'] is not None and direction['lm_head.weight'] is not None
+    assert direction['norm.weight'] is None

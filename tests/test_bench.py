@@ -55,7 +55,7 @@ def test_bench_runs_on_a_tiny_cpu_config_and_reports_consistent_counts():
     assert rows['fira']['optimizer_state_bytes_per_param'] * full == pytest.approx(low_rank + 4 * 7)
     assert rows['full-rank']['optimizer_state_bytes_per_param'] * full == pytest.approx(8 * full + 4 * 12)
     table = run(ROOT, 'bench.py', *args).stdout
-    assert table.count('\n| ') == 11 and 'Against the paper:' in table and 'throughput: CoLA' in table
+    assert table.count('\n| ') == 14 and 'Against the paper:' in table and 'throughput: CoLA' in table
     assert 'GaLore / Fira' in table
 
 

@@ -19,15 +19,16 @@ def test_compare_sweeps_then_runs_every_method_per_seed_and_its_table_comes_from
     args = ['--data_dir=data', '--out_dir=cmp', '--n_layer=1', '--n_head=2', '--n_embd=32', '--intermediate_size=64',
             '--rank=8', '--block_size=32', '--batch_size=4', '--max_iters=10', '--eval_interval=5', '--eval_tokens=512',
             '--sweep_lrs=(3e-3,1e-2)', '--sweep_fraction=0.5', '--seeds=(1,2)',
-            "--learning_rates=(('full-rank',1e-3),('dlr',3e-3),('elas',3e-3),('tsvd',1e-3),('galore',1e-2),('fira',1e-2))"]
+            "--learning_rates=(('full-rank',1e-3),('dlr',3e-3),('elas',3e-3),('tsvd',1e-3),('galore',1e-2),('fira',1e-2),"
+            "('low-rank',3e-3),('sltrain',3e-3),('relora',1e-3))"]
     r = run(tmp_path, 'compare.py', *args)
-    # only CoLA is swept (CoLA-M takes its lr), at half the steps; then 8 methods x 2 seeds
-    assert 'run 1 of 18, sweep/cola-lr0.003: training' in r.stdout and 'run 18 of 18, fira-seed2' in r.stdout
+    # only CoLA is swept (CoLA-M takes its lr), at half the steps; then 11 methods x 2 seeds
+    assert 'run 1 of 24, sweep/cola-lr0.003: training' in r.stdout and 'run 24 of 24, relora-seed2' in r.stdout
     sweep = {lr: read_log(tmp_path / 'cmp' / 'sweep' / f'cola-lr{lr:g}' / 'log.jsonl') for lr in (3e-3, 1e-2)}
     assert all(log[0]['config']['max_iters'] == 5 and log[0]['config']['seed'] == 1 for log in sweep.values())
     best_cola = min(sweep, key=lambda lr: sweep[lr][-1]['val_loss'])
     lrs = {'full-rank': 1e-3, 'cola': best_cola, 'cola-m': best_cola, 'dlr': 3e-3, 'elas': 3e-3, 'tsvd': 1e-3,
-           'galore': 1e-2, 'fira': 1e-2}
+           'galore': 1e-2, 'fira': 1e-2, 'low-rank': 3e-3, 'sltrain': 3e-3, 'relora': 1e-3}
     logs = {(m, s): read_log(tmp_path / 'cmp' / f'{m}-seed{s}' / 'log.jsonl') for m in lrs for s in (1, 2)}
     for (m, s), log in logs.items():
         assert (log[0]['config']['learning_rate'], log[0]['config']['seed']) == (lrs[m], s)
@@ -35,6 +36,7 @@ def test_compare_sweeps_then_runs_every_method_per_seed_and_its_table_comes_from
     assert logs['tsvd', 1][0]['config']['tsvd_interval'] == 1  # 10 adaptations in 10 steps
     fira = logs['fira', 1][0]['config']  # full-rank, projected at CoLA's rank, a new projector every 2% (at least 1 step)
     assert (fira['optimizer'], fira['rank'], fira['galore_rank'], fira['galore_update_interval']) == ('fira', 0, 8, 1)
+    assert logs['relora', 1][0]['config']['relora_interval'] == 1 and logs['sltrain', 1][0]['config']['projection'] == 'sltrain'
     final = {key: [r for r in log if 'val_loss' in r][-1]['val_loss'] for key, log in logs.items()}
     assert final['cola-m', 1] == final['cola', 1] and final['cola', 1] != final['cola', 2]
 
@@ -66,7 +68,8 @@ def test_compare_sweeps_then_runs_every_method_per_seed_and_its_table_comes_from
     assert before == {key: os.path.getmtime(tmp_path / 'cmp' / f'{key[0]}-seed{key[1]}' / 'log.jsonl') for key in logs}
     kept = digest(tmp_path / 'cmp')  # a run trained with other settings is never reported under new labels
     refused(run(tmp_path, 'compare.py', *args[:-1],
-                "--learning_rates=(('full-rank',4e-3),('dlr',3e-3),('elas',3e-3),('tsvd',1e-3),('galore',1e-2),('fira',1e-2))",
+                "--learning_rates=(('full-rank',4e-3),('dlr',3e-3),('elas',3e-3),('tsvd',1e-3),('galore',1e-2),('fira',1e-2),"
+                "('low-rank',3e-3),('sltrain',3e-3),('relora',1e-3))",
                 check=False), 'cmp/full-rank-seed1/ holds a run trained with learning_rate=0.001, not 0.004')
     assert digest(tmp_path / 'cmp') == kept
 
@@ -113,6 +116,7 @@ def test_the_regime_arithmetic_is_computed_from_the_settings(monkeypatch):
         assert plan['elas_warmup_iters'] == round(settings['elas_warmup'] * settings['max_iters'])
         assert plan['tsvd_interval'] == settings['max_iters'] // settings['tsvd_adaptations']
         assert plan['galore_update_interval'] == max(1, round(settings['galore_interval'] * settings['max_iters']))
+        assert plan['relora_interval'] == max(1, round(settings['relora_interval'] * settings['max_iters']))
         assert plan['sweep_steps'] == round(settings['sweep_fraction'] * settings['max_iters'])
         assert plan['paper_tokens_per_param'] == pytest.approx(21.8, abs=0.1)  # 1.31B tokens / 60M parameters
         text = compare.regime_text(plan)

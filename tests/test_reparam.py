@@ -189,3 +189,4 @@ def test_relora_warm_starts_from_a_full_rank_run_and_refuses_another(data):
     assert torch.equal(ours['blocks.0.attn.q_proj.weight'], full['blocks.0.attn.q_proj.weight'])  # W frozen: as loaded
     refused(run(data, 'train.py', *RELORA, '--out_dir=never', '--max_iters=1', '--relora_warm_start=relora-straight',
                 check=False), "relora_warm_start needs a full-rank run's checkpoint (rank=0)")
+

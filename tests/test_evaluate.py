@@ -1,0 +1,104 @@
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import TINY, TINY_TRAIN
+from helpers import refused, run
+
+import evaluate
+from model import Transformer
+from shards import ByteEncoding
+
+
+@pytest.fixture(scope='module')
+def trained(data):
+    run(data, 'train.py', *TINY_TRAIN, '--data_dir=data', '--out_dir=ev', '--max_iters=3')
+    return data
+
+
+def test_a_continuations_log_likelihood_is_the_sum_over_its_tokens():
+    torch.manual_seed(0)
+    model = Transformer(TINY).eval()
+    context, continuation = [5, 9, 2, 7], [3, 3, 8]
+    logits, _ = model(torch.tensor([context + continuation]))
+    logp = F.log_softmax(logits[0].double(), dim=-1)
+    expected = sum(logp[len(context) - 1 + i, t].item() for i, t in enumerate(continuation))  # token i given all before
+    assert evaluate.continuation_logprob(model, context, continuation) == pytest.approx(expected, rel=1e-5)
+
+
+def test_accuracy_takes_the_largest_sum_and_normalised_accuracy_divides_by_bytes():
+    torch.manual_seed(0)
+    model, enc = Transformer(replace(TINY, vocab_size=320)).eval(), ByteEncoding()
+    examples = [('the cat', [' a', ' sat on the mat', ' ran'], 1), ('a dog', [' barked loudly', ' b'], 0)]
+    scores = {c: evaluate.continuation_logprob(model, list(ctx.encode()), list(c.encode()))
+              for ctx, choices, _ in examples for c in choices}
+    acc = np.mean([np.argmax([scores[c] for c in ch]) == g for _, ch, g in examples])
+    acc_norm = np.mean([np.argmax([scores[c] / len(c.encode()) for c in ch]) == g for _, ch, g in examples])
+    result = evaluate.multiple_choice(model, enc, examples)
+    assert (result['acc'], result['acc_norm'], result['items']) == (acc, acc_norm, 2)
+
+
+def test_greedy_exact_match_is_what_generate_would_produce():
+    torch.manual_seed(0)
+    model = Transformer(TINY).eval()
+    context = [1, 2, 3, 4]
+    greedy = model.generate(torch.tensor([context]), 3, temperature=0)[0, 4:].tolist()
+    assert evaluate.greedy_matches(model, context, greedy)
+    assert not evaluate.greedy_matches(model, context, greedy[:2] + [(greedy[2] + 1) % 96])
+
+
+def test_built_in_items_are_deterministic_and_keep_the_true_continuation_apart():
+    tokens = np.arange(5000)
+    a = evaluate.next_passage_items(tokens, np.random.default_rng(0))
+    b = evaluate.next_passage_items(tokens, np.random.default_rng(0))
+    assert a == b and len(a) == evaluate.items
+    for context, choices, gold in a:
+        assert choices[gold] == list(range(context[-1] + 1, context[-1] + 1 + evaluate.choice_tokens))  # the true next span
+        assert all(abs(c[0] - choices[gold][0]) >= evaluate.context_tokens + evaluate.choice_tokens
+                   for i, c in enumerate(choices) if i != gold)
+    assert 0.15 < np.mean([g == 0 for _, _, g in a]) < 0.35  # the answer's position is random
+
+
+def write_published_formats(folder):
+    (folder / 'hellaswag.jsonl').write_text(json.dumps({'activity_label': 'Cooking', 'ctx_a': 'the cat', 'ctx_b': 'sees',
+                                                         'endings': ['the sea.', 'a bird.', 'bread.', 'the king.'],
+                                                         'label': 1}) + '\n')
+    arc = {'id': 'x', 'question': {'stem': 'What does the cat see?', 'choices': [
+        {'text': 'the sea', 'label': 'A'}, {'text': 'a bird', 'label': 'B'}, {'text': 'nothing', 'label': 'C'}]},
+        'answerKey': 'B'}
+    (folder / 'arc.jsonl').write_text(json.dumps(arc) + '\n' + json.dumps({**arc, 'answerKey': 'A'}) + '\n')
+    (folder / 'piqa.jsonl').write_text(json.dumps({'goal': 'find bread', 'sol1': 'look', 'sol2': 'sleep'}) + '\n')
+    (folder / 'piqa-labels.lst').write_text('0\n')
+    (folder / 'lambada.jsonl').write_text(json.dumps({'text': 'my friend likes the sea and the king finds bread'}) + '\n')
+
+
+def test_evaluate_py_scores_the_built_in_tasks_and_the_four_published_formats(trained):
+    write_published_formats(trained)
+    r = run(trained, 'evaluate.py', '--out_dir=ev', '--items=20', '--context_tokens=16', '--choice_tokens=8',
+            '--hellaswag=hellaswag.jsonl', '--arc_easy=arc.jsonl', '--arc_challenge=arc.jsonl', '--piqa=piqa.jsonl',
+            '--piqa_labels=piqa-labels.lst', '--lambada=lambada.jsonl')
+    report = json.loads((trained / 'ev' / 'evaluate.json').read_text())
+    scores = report['scores']
+    assert set(scores) == {'next_passage', 'last_word', 'hellaswag', 'arc_easy', 'arc_challenge', 'piqa', 'lambada'}
+    assert scores['next_passage']['items'] == 20 and scores['arc_easy']['items'] == 2 and scores['lambada']['items'] == 1
+    assert all(0 <= s['acc'] <= 1 for s in scores.values()) and '| hellaswag | 1 |' in r.stdout
+    again = run(trained, 'evaluate.py', '--out_dir=ev', '--items=20', '--context_tokens=16', '--choice_tokens=8', '--as_json')
+    assert json.loads(again.stdout)['scores']['next_passage'] == scores['next_passage']  # the same items, the same score
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--arc_easy=missing.jsonl'], 'missing.jsonl does not exist'),
+    (['--arc_easy=bad_arc.jsonl'], "bad_arc.jsonl:1: answerKey 'E' is not one of the choices' labels"),
+    (['--piqa=piqa.jsonl'], "piqa.jsonl: expected a label 0 or 1 for each of its 1 lines"),
+    (['--hellaswag=lambada.jsonl'], "lambada.jsonl:1: no field 'activity_label'"),
+    (['--items=0'], 'items=0: expected a positive number'),
+])
+def test_bad_task_files_and_settings_are_one_line_errors(trained, args, message):
+    write_published_formats(trained)
+    (trained / 'bad_arc.jsonl').write_text(json.dumps({'question': {'stem': 'q', 'choices': [{'text': 'a', 'label': 'A'}]},
+                                                       'answerKey': 'E'}) + '\n')
+    refused(run(trained, 'evaluate.py', '--out_dir=ev', '--items=5', '--context_tokens=16', '--choice_tokens=8', *args,
+                check=False), message)
