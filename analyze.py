@@ -325,6 +325,9 @@ def analyze(run_dir, reference_hidden, reference_dense=None):
     model, checkpoint = load_run(path)
     loss_fn = Loss(run_data_dir(checkpoint, path), eval_tokens, model.config.block_size)
     result = {'run': run_dir, 'iter': checkpoint['iter_num'], 'val_loss': loss_fn(model)}
+    scores = os.path.join(run_dir, 'evaluate.json')  # downstream scores, when evaluate.py has scored this checkpoint
+    if os.path.exists(scores) and json.load(open(scores))['iter'] == checkpoint['iter_num']:
+        result['downstream'] = {task: s['acc'] for task, s in json.load(open(scores))['scores'].items()}
     captured, hidden = outputs(model, loss_fn.x[:max(1, activation_tokens // model.config.block_size)])
     if activations:
         table, widths = {}, {}
@@ -396,6 +399,38 @@ def analyze(run_dir, reference_hidden, reference_dense=None):
     return result
 
 
+# ----------------------------------------------------------------------------- downstream
+
+def leave_one_out_error(X, y):
+    """Root mean squared error of predicting each y_i from a least-squares fit (with an intercept) on the
+    other runs' features X."""
+    X = np.column_stack([np.ones(len(y)), np.asarray(X, dtype=np.float64)])
+    errors = []
+    for i in range(len(y)):
+        keep = np.arange(len(y)) != i
+        coef, *_ = np.linalg.lstsq(X[keep], y[keep], rcond=None)
+        errors.append(X[i] @ coef - y[i])
+    return float(np.sqrt(np.mean(np.square(errors))))
+
+
+def downstream_prediction(results):
+    """Over the runs with downstream scores (evaluate.json in their out_dir): how well validation loss alone
+    predicts each task's accuracy, and whether the geometric and spectral metrics improve the prediction
+    (Beyond Perplexity's claim): the leave-one-out error of a linear fit on val loss, and on val loss plus
+    the random-direction sharpness and the weights' effective rank. Needs 6 runs or more (else None)."""
+    runs = [r for r in results if 'downstream' in r and 'landscape' in r and 'weights' in r]
+    if len(runs) < 6:
+        return None
+    out = {}
+    for task in runs[0]['downstream']:
+        y = np.array([r['downstream'][task] for r in runs])
+        loss = [[r['val_loss']] for r in runs]
+        geometry = [[r['val_loss'], r['landscape']['sharpness_mean'], r['weights']['effective_rank']] for r in runs]
+        out[task] = {'runs': len(runs), 'spread': float(np.std(y)), 'error_loss_only': leave_one_out_error(loss, y),
+                     'error_loss_and_geometry': leave_one_out_error(geometry, y)}
+    return out
+
+
 # ----------------------------------------------------------------------------- report
 
 def markdown(results):
@@ -416,12 +451,22 @@ def markdown(results):
         if r.get('interpolation'):
             lines += ['', f"{r['run']}: barriers between consecutive checkpoints: "
                       + ', '.join(f"{b['barrier']:.3g}" for b in r['interpolation'])]
+        if r.get('downstream'):
+            lines += ['', f"{r['run']}: downstream accuracy " + ', '.join(f'{t} {a:.3f}' for t, a in r['downstream'].items())]
         if isinstance(r.get('barrier_to_reference'), dict):
             lines += ['', f"{r['run']}: barrier to the reference at the same step (dense W interpolated): "
                       f"{r['barrier_to_reference']['barrier']:.3g}"]
         if r.get('similarity'):
             lines += ['', f"{r['run']} against the reference, per layer (0: the embedding; last: after the final norm): CKA "
                       + ', '.join(f"{s['cka']:.3f}" for s in r['similarity'])]
+    prediction = downstream_prediction(results)
+    if prediction:
+        lines += ['', 'Predicting downstream accuracy across these runs (leave-one-out RMSE of a linear fit; at this '
+                  'CPU scale, with this few runs, a hint, not a finding):', '',
+                  '| task | runs | spread (std) | from val loss | from val loss + sharpness + effective rank |',
+                  '|---|---|---|---|---|']
+        lines += [f"| {t} | {p['runs']} | {p['spread']:.4f} | {p['error_loss_only']:.4f} | {p['error_loss_and_geometry']:.4f} |"
+                  for t, p in prediction.items()]
     return '\n'.join(lines)
 
 
@@ -457,7 +502,8 @@ def plots(results, folder):
 def write_results(results):
     """analysis.json and analysis.md of the runs analysed so far, each written whole (temporary file, rename)."""
     os.makedirs(out_dir, exist_ok=True)
-    write_durably(os.path.join(out_dir, 'analysis.json'), lambda f: f.write(json.dumps(results, indent=1).encode()))
+    report = {'runs': results, 'downstream_prediction': downstream_prediction(results)}
+    write_durably(os.path.join(out_dir, 'analysis.json'), lambda f: f.write(json.dumps(report, indent=1).encode()))
     write_durably(os.path.join(out_dir, 'analysis.md'), lambda f: f.write((markdown(results) + '\n').encode()))
 
 

@@ -27,8 +27,10 @@ Each run writes out_dir/<run>/log.jsonl; from those logs this script writes out_
 regime's arithmetic, the sweep, and each method's final validation loss and gaps to full-rank, at equal
 steps and at equal FLOPs, as the mean +- the standard deviation over seeds) and, when matplotlib is
 installed, out_dir/compare.png (the mean validation curve per method with a +-1 standard deviation band,
-against tokens and against training FLOPs). A finished run is not run again, so an interrupted study
-continues where it stopped.
+against tokens and against training FLOPs). Each study run's final checkpoint is also scored by evaluate.py
+on its built-in downstream tasks (next-passage choice, last-word cloze; downstream_items of each), which
+the table reports next to the loss. A finished run is not run again, so an interrupted study continues
+where it stopped.
 """
 
 import ctypes
@@ -76,6 +78,7 @@ device = 'cpu'
 dtype = 'float32'
 compile_model = False
 nproc = 1  # processes per run (torchrun), e.g. GPUs
+downstream_items = 200  # evaluate.py's built-in tasks on each study run's final checkpoint, items of each (0: off)
 
 METHODS = ('full-rank', 'cola', 'cola-m', 'dlr', 'elas', 'tsvd', 'galore', 'fira', 'low-rank', 'sltrain', 'relora')
 PAPER_TOKENS = 1.31e9  # the CoLA paper's 60M runs: 10,000 steps of 131,072 tokens ...
@@ -143,7 +146,26 @@ def train(name, method, lr, seed, steps):
         if done.returncode != 0:
             raise SystemExit(f"run {name} failed (exit {done.returncode}); its output is above")
     finished.append(name)
-    return summary(name, read_log(log_path))
+    result = summary(name, read_log(log_path))
+    if downstream_items and steps == max_iters:  # the study's runs, not the sweep's
+        result['downstream'] = downstream(run_dir)
+    return result
+
+
+def downstream(run_dir):
+    """evaluate.py's built-in tasks on a run's final checkpoint (reused when evaluate.json is newer than
+    the checkpoint and asked for as many items): task -> accuracy."""
+    path, checkpoint = os.path.join(run_dir, 'evaluate.json'), os.path.join(run_dir, 'ckpt.pt')
+    report = json.load(open(path)) if os.path.exists(path) and os.path.getmtime(path) >= os.path.getmtime(checkpoint) else None
+    if report is None or report['scores']['next_passage']['items'] != downstream_items:
+        done = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'evaluate.py'),
+                               f'--out_dir={run_dir}', f'--items={downstream_items}', f'--device={device}',
+                               f'--context_tokens={min(64, block_size * 3 // 4)}', f'--choice_tokens={min(16, block_size // 4)}'],
+                              stdout=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        if done.returncode != 0:
+            raise SystemExit(f"evaluate.py failed on {run_dir} (exit {done.returncode}); its output is above")
+        report = json.load(open(path))
+    return {task: score['acc'] for task, score in report['scores'].items()}
 
 
 def die_with_parent():
@@ -237,12 +259,15 @@ def markdown(plan, sweep, best_lrs, study):
         lines.append('')
     lines += [f'Each method at its best peak lr, {plural(len(seeds), "seed")} ({", ".join(map(str, seeds))}): mean ± standard '
               'deviation over seeds; the gaps are to full-rank with the same seed.', '',
-              '| method | peak lr | val loss | gap at equal steps (%) | gap at equal FLOPs (%) | params in all (M) | '
-              'GFLOPs/token | TFLOPs spent | tokens/s | wall time (s) |', '|---|---|---|---|---|---|---|---|---|---|']
+              '| method | peak lr | val loss | gap at equal steps (%) | gap at equal FLOPs (%) | next passage acc | '
+              'last word acc | params in all (M) | GFLOPs/token | TFLOPs spent | tokens/s | wall time (s) |',
+              '|---|---|---|---|---|---|---|---|---|---|---|---|']
     for method, runs in study.items():
         at_steps, at_flops = gaps(runs, study['full-rank']) if 'full-rank' in study else ([None], [None])
         lines.append(f"| {method} | {best_lrs[method]:g} | {mean_spread([r['val_loss'] for r in runs])} | "
                      f"{mean_spread(at_steps, 2)} | {mean_spread(at_flops, 2)} | "
+                     f"{mean_spread([r['downstream']['next_passage'] for r in runs if 'downstream' in r], 3)} | "
+                     f"{mean_spread([r['downstream']['last_word'] for r in runs if 'downstream' in r], 3)} | "
                      f"{statistics.mean(r['params'] for r in runs) / 1e6:.3f} | "
                      f"{statistics.mean(r['flops_per_token'] for r in runs) / 1e9:.4f} | "
                      f"{statistics.mean(r['flops'] for r in runs) / 1e12:.2f} | "

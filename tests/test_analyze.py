@@ -126,7 +126,7 @@ def test_analyze_py_end_to_end_on_two_tiny_runs(data):
     assert train_log(data / 'an_cola') == train_log(data / 'an_cola_plain')  # keeping them changes nothing
     r = run(data, 'analyze.py', '--runs=an_full,an_cola', '--reference=an_full', '--out_dir=an', '--eval_tokens=1024',
             '--directions=2', '--grid=3', '--top_k=1', '--alphas=3', '--activation_tokens=256')
-    results = json.load(open(data / 'an' / 'analysis.json'))
+    results = json.load(open(data / 'an' / 'analysis.json'))['runs']
     full, cola = results
     assert full['similarity'][0]['cka'] == pytest.approx(1.0) and len(cola['similarity']) == 4  # embedding, 2 blocks, final norm
     assert {'q', 'down', 'q z', 'down z'} <= cola['activations'].keys() and cola['activations']['q z']['width'] == 16
@@ -152,3 +152,16 @@ def test_similarity_has_the_papers_relative_l2_and_the_top_k_directions_cover_em
     direction = dict(zip([n for n, _ in model.named_parameters()], singular_direction(model, 1)))
     assert direction['tok_emb.weight'] is not None and direction['lm_head.weight'] is not None
     assert direction['norm.weight'] is None
+
+
+def test_downstream_prediction_shows_when_geometry_explains_what_the_loss_does_not():
+    from analyze import downstream_prediction, leave_one_out_error
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=12)
+    assert leave_one_out_error(x[:, None], 2 * x + 1) == pytest.approx(0.0, abs=1e-9)  # a line is predicted exactly
+    results = [{'val_loss': float(rng.normal()), 'landscape': {'sharpness_mean': float(s)},
+                'weights': {'effective_rank': float(rng.normal())}, 'downstream': {'task': 0.5 + 0.1 * float(s)}}
+               for s in rng.normal(size=12)]  # the accuracy follows sharpness, not the loss
+    p = downstream_prediction(results)['task']
+    assert p['runs'] == 12 and p['error_loss_and_geometry'] < 1e-9 < p['error_loss_only']
+    assert downstream_prediction(results[:5]) is None  # too few runs to say

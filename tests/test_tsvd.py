@@ -123,7 +123,7 @@ def test_first_moments_rotate_exactly():
 
 
 @pytest.mark.parametrize('config,message', [
-    (dict(projection='tsvd', rank=0), "projection='tsvd': expected 'cola', or 'tsvd' with rank > 0"),
+    (dict(projection='tsvd', rank=0), "projection='tsvd': expected 'cola', or 'tsvd', 'low-rank', 'sltrain' or 'relora' with rank > 0"),
     (dict(projection='tsvd', checkpointing='cola-m'), 'without DLR or CoLA-M'),
     (dict(projection='svd'), "projection='svd'"),
 ])
