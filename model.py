@@ -16,7 +16,8 @@ Read top to bottom: config, building blocks (RMSNorm, RoPE, CoLALinear, attentio
 CoLA-M checkpoint and the block, the model, and its helpers (parameter and FLOP counts, optimizer,
 generation, loading a checkpoint). The other methods around CoLA live whole in files of their own
 under methods/ and are switched on here in one place each: a ModelConfig key, and one branch in
-build_projection (TSVD's layer) or Block (ELAS's MLP). DLR is a few lines inside CoLALinear.
+build_projection (the layers of TSVD, Low-Rank, SLTrain and ReLoRA) or Block (ELAS's MLP); GaLore and Fira
+are optimizers (methods/galore.py, chosen in train.py). DLR is a few lines inside CoLALinear.
 """
 
 import math

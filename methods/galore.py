@@ -98,6 +98,7 @@ def limited(state, S, gamma=1.01):
 
 class GaLoreAdamW(torch.optim.Optimizer):
     """galore_torch.GaLoreAdamW's update: groups with 'rank' projected (with 'scale'), others plain AdamW."""
+    fira = False
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, correct_bias=True):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, correct_bias=correct_bias))
@@ -107,21 +108,13 @@ class GaLoreAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group['params']:
                 if p.grad is not None:
-                    adamw_step(group, p, self.state[p], fira=False)
+                    adamw_step(group, p, self.state[p], self.fira)
 
 
-class FiraAdamW(torch.optim.Optimizer):
-    """fira.FiraAdamW's update: groups with 'rank' projected (with 'alpha') plus the scaled, limited residual."""
-
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, correct_bias=True):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, correct_bias=correct_bias))
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            for p in group['params']:
-                if p.grad is not None:
-                    adamw_step(group, p, self.state[p], fira=True)
+class FiraAdamW(GaLoreAdamW):
+    """fira.FiraAdamW's update: groups with 'rank' projected (with 'alpha') plus the scaled, limited residual
+    (the same optimizer with Fira's step: a subclass for the packages' class name only)."""
+    fira = True
 
 
 def build_optimizer(model, kind, learning_rate, betas, weight_decay, rank, update_proj_gap, scale):

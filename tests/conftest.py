@@ -16,7 +16,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault('TRITON_INTERPRET', '1')
 import kernels  # noqa: E402
 from helpers import run  # noqa: E402
-from model import ModelConfig  # noqa: E402
+from dataclasses import replace  # noqa: E402
+
+from model import ModelConfig, Transformer  # noqa: E402
 
 # The one tiny model of the tests, and the same shapes as train.py settings.
 TINY = ModelConfig(vocab_size=96, block_size=32, n_layer=2, n_head=2, n_embd=64, intermediate_size=128, rank=16)
@@ -69,3 +71,19 @@ def data(tmp_path_factory):
         f.write(' '.join(f'{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}.' for _ in range(8000)))
     run(folder, 'prepare.py', '--input_files=corpus.txt', '--encoding=byte', '--out_dir=data', '--val_tokens=4096')
     return folder
+
+
+def assert_cola_m_exact(config):
+    """CoLA-M's checkpoint gives the loss and every gradient of the same model without it."""
+    idx = torch.randint(0, config.vocab_size, (3, config.block_size))
+    results = []
+    for mode in ('none', 'cola-m'):
+        torch.manual_seed(0)
+        model = Transformer(replace(config, checkpointing=mode))
+        _, loss = model(idx, idx)
+        loss.backward()
+        results.append((loss, {n: p.grad for n, p in model.named_parameters()}))
+    (loss, grads), (loss_m, grads_m) = results
+    torch.testing.assert_close(loss_m, loss, rtol=1e-6, atol=1e-6)
+    for name in grads:
+        torch.testing.assert_close(grads_m[name], grads[name], rtol=1e-5, atol=1e-6)

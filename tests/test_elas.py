@@ -3,7 +3,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import TINY, TINY_TRAIN
+from conftest import TINY, TINY_TRAIN, assert_cola_m_exact
 from helpers import run, train_log
 
 from bench import activation_bytes, measure_flops
@@ -73,17 +73,7 @@ def test_elas_warm_up_switches_at_its_step_and_resume_is_exact(data):
 
 @pytest.mark.parametrize('config', [DLR, ELAS, replace(ELAS, dlr_alpha=1.0)], ids=['dlr', 'elas', 'elas+dlr'])
 def test_cola_m_gives_the_same_loss_and_gradients(config):
-    idx = torch.randint(0, 96, (3, 32))
-    results = []
-    for mode in ('none', 'cola-m'):
-        model = build(replace(config, checkpointing=mode))
-        _, loss = model(idx, idx)
-        loss.backward()
-        results.append((loss, {n: p.grad for n, p in model.named_parameters()}))
-    (loss, grads), (loss_m, grads_m) = results
-    torch.testing.assert_close(loss_m, loss, rtol=1e-6, atol=1e-6)
-    for name in grads:
-        torch.testing.assert_close(grads_m[name], grads[name], rtol=1e-5, atol=1e-6)
+    assert_cola_m_exact(config)
 
 
 def test_cola_m_keeps_2d_plus_6r_values_per_token_and_layer_with_elas_and_2d_plus_7r_with_dlr():

@@ -168,6 +168,8 @@ def test_prepare_reads_each_real_file_once_and_notices_a_changed_source(tmp_path
     ('train.py', [*TRAIN, '--out_dir=afile'], "out_dir='afile' cannot be written"),
     ('analyze.py', ['--runs=run', '--batch_size=0'], 'batch_size=0: expected a positive number'),
     ('analyze.py', ['--runs=run,nothing'], 'no checkpoint nothing/ckpt.pt'),
+    ('analyze.py', ['--runs=run', '--reference=gone'], 'no checkpoint gone/ckpt.pt'),  # missing, not "corrupt"
+    ('sample.py', ['--out_dir=gone'], 'no checkpoint gone/ckpt.pt'),
     ('compare.py', ['--seeds=(1, 1)'], 'seeds=(1, 1): a seed twice would count one run as two'),
     ('compare.py', ['--sweep_fraction=0.0004'], 'sweep_fraction=0.0004 of max_iters=1000 is 0 steps'),
 ])

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import TINY, TINY_TRAIN
+from conftest import TINY, TINY_TRAIN, assert_cola_m_exact
 from helpers import refused, run, train_log
 
 from bench import measure_flops
@@ -47,17 +47,7 @@ def test_low_rank_is_cola_with_the_identity_in_place_of_silu():
 
 
 def test_cola_m_is_exact_on_low_rank_layers():
-    idx = torch.randint(0, 96, (3, 32))
-    results = []
-    for mode in ('none', 'cola-m'):
-        model = build(replace(TINY, projection='low-rank', checkpointing=mode))
-        _, loss = model(idx, idx)
-        loss.backward()
-        results.append((loss, {n: p.grad for n, p in model.named_parameters()}))
-    (loss, grads), (loss_m, grads_m) = results
-    torch.testing.assert_close(loss_m, loss, rtol=1e-6, atol=1e-6)
-    for name in grads:
-        torch.testing.assert_close(grads_m[name], grads[name], rtol=1e-5, atol=1e-6)
+    assert_cola_m_exact(replace(TINY, projection='low-rank'))
 
 
 # ----------------------------------------------------------------------------- SLTrain
