@@ -7,7 +7,7 @@ the compute?
 
     python prepare.py --input_files=assets/tinyshakespeare.txt --encoding=byte --out_dir=data/tiny
     python compare.py                           # the CPU default: 83 runs, about 3 hours on 2 cores (estimated)
-    python compare.py config/compare_quick.py   # a first look: one seed, no sweep, about 17 minutes (estimated)
+    python compare.py config/compare_quick.py   # a first look: one seed, no sweep, 15 minutes (measured)
     python compare.py config/compare_60m.py     # 60m shapes on C4, one GPU
 
 Every run is train.py on the same prepared data, with the same shapes and the paper's schedule shape

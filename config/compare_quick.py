@@ -1,6 +1,6 @@
-# compare.py's first look: every method once (seed 1), at the peak learning rates the CPU default's sweep
-# chose (README, 2026-12-03), for 400 of the default's 1,000 steps: 9 minutes on 2 CPU cores (measured before
-# GaLore and Fira were added; with them about 12 minutes, estimated).
+# compare.py's first look: every method once (seed 1), at the peak learning rates the six-method sweep chose
+# (docs/study.md, 2026-12-03; the five later methods at their published or CoLA's rates), for 400 of the
+# default's 1,000 steps: 15 minutes on 2 CPU cores with all eleven methods (measured 2026-12-03).
 # python compare.py config/compare_quick.py
 # tokens per run: 400 steps x 16 sequences x 256 tokens = 1.6M, 4.1 per full-rank non-embedding parameter
 out_dir = 'out-compare-quick'
