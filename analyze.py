@@ -434,31 +434,60 @@ def downstream_prediction(results):
 # ----------------------------------------------------------------------------- report
 
 def markdown(results):
-    lines = ['| run | iter | val loss | weight eff. rank | stable rank | sharpness (random) | sharpness (top-1) |',
-             '|---|---|---|---|---|---|---|']
+    """analysis.md: a table per kind of metric, a row per run (named by its folder); '-' where a metric was off
+    or does not apply."""
+    def cell(value, form='.3g'):
+        return '-' if value is None else f'{value:{form}}'
+
+    def name(r):
+        return os.path.basename(os.path.normpath(r['run']))
+
+    lines = ['Losses and landscape (sharpness: the expected sharpness along random directions, mean ± spread, and along '
+             'the top singular directions s_k u_k v_k^T of every 2-D parameter at once; barriers: between consecutive '
+             'checkpoints, the excess over the straight line, mean and largest; to the reference: on dense W at the '
+             'same step):', '',
+             '| run | iter | val loss | sharpness (random) | top-1 | top-5 mean | barriers between checkpoints | '
+             'barrier to the reference | downstream accuracy |', '|---|---|---|---|---|---|---|---|---|']
     for r in results:
-        w, land = r.get('weights', {}), r.get('landscape', {})
-        top1 = r['top_k'][0]['sharpness'] if r.get('top_k') else float('nan')
-        lines.append(f"| {r['run']} | {r['iter']} | {r['val_loss']:.4f} | {w.get('effective_rank', float('nan')):.1f} | "
-                     f"{w.get('stable_rank', float('nan')):.2f} | {land.get('sharpness_mean', float('nan')):.3g} "
-                     f"± {land.get('sharpness_std', float('nan')):.2g} | {top1:.3g} |")
-    for r in results:
-        if r.get('activations'):
-            lines += ['', f"Activation ranks of {r['run']} (mean over layers, over {activation_tokens} tokens):", '',
-                      '| output of | width | rank for 90% | 95% | 99% of the energy | effective rank |', '|---|---|---|---|---|---|']
-            lines += [f"| {kind} | {a['width']} | {a['rank_90']:.1f} | {a['rank_95']:.1f} | {a['rank_99']:.1f} | "
-                      f"{a['effective_rank']:.1f} |" for kind, a in r['activations'].items()]
-        if r.get('interpolation'):
-            lines += ['', f"{r['run']}: barriers between consecutive checkpoints: "
-                      + ', '.join(f"{b['barrier']:.3g}" for b in r['interpolation'])]
-        if r.get('downstream'):
-            lines += ['', f"{r['run']}: downstream accuracy " + ', '.join(f'{t} {a:.3f}' for t, a in r['downstream'].items())]
-        if isinstance(r.get('barrier_to_reference'), dict):
-            lines += ['', f"{r['run']}: barrier to the reference at the same step (dense W interpolated): "
-                      f"{r['barrier_to_reference']['barrier']:.3g}"]
-        if r.get('similarity'):
-            lines += ['', f"{r['run']} against the reference, per layer (0: the embedding; last: after the final norm): CKA "
-                      + ', '.join(f"{s['cka']:.3f}" for s in r['similarity'])]
+        land, barriers, imib = r.get('landscape'), [b['barrier'] for b in r.get('interpolation', [])], r.get('barrier_to_reference')
+        lines.append(f"| {name(r)} | {r['iter']} | {r['val_loss']:.4f} | "
+                     + (f"{land['sharpness_mean']:.3g} ± {land['sharpness_std']:.2g}" if land else '-') + ' | '
+                     + f"{cell(r['top_k'][0]['sharpness'] if r.get('top_k') else None)} | "
+                     + f"{cell(r.get('top_k_means', {}).get('top_5'))} | "
+                     + (f"{np.mean(barriers):.3g}, {max(barriers):.3g}" if barriers else '-') + ' | '
+                     + (f"{imib['barrier']:.3g}" if isinstance(imib, dict) else 'n/a (factors)' if imib else '-') + ' | '
+                     + (', '.join(f'{t} {a:.3f}' for t, a in r['downstream'].items()) if r.get('downstream') else '-') + ' |')
+    if any(r.get('weights') for r in results):
+        lines += ['', 'Weight spectra (mean over the matrices trained; CoLA-style: the factors, their product A @ B apart) '
+                  'and updates dW between consecutive checkpoints (first -> last):', '',
+                  '| run | effective rank | stable rank | spectral gap | s > 0.1 | product A @ B: eff. rank | '
+                  'relative update ‖dW‖ / ‖W‖ | update eff. rank |', '|---|---|---|---|---|---|---|---|']
+        for r in results:
+            w, product, steps = r.get('weights', {}), r.get('weights_product', {}), r.get('updates', [])
+            lines.append(f"| {name(r)} | {cell(w.get('effective_rank'), '.1f')} | {cell(w.get('stable_rank'), '.2f')} | "
+                         f"{cell(w.get('spectral_gap'), '.3f')} | {cell(w.get('above_0.1'), '.1f')} | "
+                         f"{cell(product.get('effective_rank'), '.1f')} | {first_to_last(steps, 'relative_norm', '.3f')} | "
+                         f"{first_to_last(steps, 'effective_rank', '.1f')} |")
+    kinds = ['q', 'k', 'v', 'o', 'gate', 'up', 'down']
+    if any(r.get('activations') for r in results):
+        lines += ['', f"Activation ranks (CoLA's observation): per projection type, mean over layers, over "
+                  f"{activation_tokens} tokens: the rank holding 90% of the energy / the effective rank; z: CoLA's "
+                  f"r-wide latent x A, mean over the types", '',
+                  '| run | ' + ' | '.join(f"{k} ({w})" for k, w in widths(results, kinds)) + ' | z |',
+                  '|---|' + '---|' * (len(kinds) + 1)]
+        for r in results:
+            a = r.get('activations', {})
+            z = [a[k + ' z'] for k in kinds if k + ' z' in a]
+            lines.append(f"| {name(r)} | " + ' | '.join(f"{a[k]['rank_90']:.1f} / {a[k]['effective_rank']:.1f}" if k in a else '-'
+                                                         for k in kinds)
+                         + (f" | {np.mean([s['rank_90'] for s in z]):.1f} / {np.mean([s['effective_rank'] for s in z]):.1f} |"
+                            if z else ' | - |'))
+    if any(r.get('similarity') for r in results):
+        layers = max(len(r.get('similarity') or []) for r in results)
+        lines += ['', 'Linear CKA of the hidden states with the reference\'s, per layer (0: the embedding; last: after '
+                  'the final norm):', '', '| run | ' + ' | '.join(map(str, range(layers))) + ' |', '|---|' + '---|' * layers]
+        lines += [f"| {name(r)} | " + ' | '.join(f"{s['cka']:.3f}" for s in r['similarity']) + ' |'
+                  for r in results if r.get('similarity')]
     prediction = downstream_prediction(results)
     if prediction:
         lines += ['', 'Predicting downstream accuracy across these runs (leave-one-out RMSE of a linear fit; at this '
@@ -470,6 +499,16 @@ def markdown(results):
     return '\n'.join(lines)
 
 
+def first_to_last(steps, key, form):
+    return f"{steps[0][key]:{form}} -> {steps[-1][key]:{form}}" if steps else '-'
+
+
+def widths(results, kinds):
+    """(projection type, its output width) as the first run with activations measured them."""
+    a = next(r['activations'] for r in results if r.get('activations'))
+    return [(k, a[k]['width'] if k in a else '?') for k in kinds]
+
+
 def plots(results, folder):
     try:
         import matplotlib
@@ -477,8 +516,10 @@ def plots(results, folder):
         import matplotlib.pyplot as plt
     except ImportError:
         return print("matplotlib is not installed: no plots (pip install matplotlib)")
+    colours = plt.get_cmap('tab20').colors[::2] + plt.get_cmap('tab20').colors[1::2]  # eleven runs, eleven colours
     if any('landscape' in r for r in results):
         fig, ax = plt.subplots(figsize=(6, 4))
+        ax.set_prop_cycle(color=colours)
         for r in (r for r in results if 'landscape' in r):
             curves = np.array(r['landscape']['curves'])
             mean = curves.mean(0)
@@ -490,6 +531,7 @@ def plots(results, folder):
         write_durably(os.path.join(folder, 'landscape.png'), lambda f: fig.savefig(f, format='png', dpi=100))
     if any(r.get('similarity') for r in results):
         fig, ax = plt.subplots(figsize=(6, 4))
+        ax.set_prop_cycle(color=colours)
         for r in (r for r in results if r.get('similarity')):
             ax.plot([s['layer'] for s in r['similarity']], [s['cka'] for s in r['similarity']], marker='o',
                     label=os.path.basename(r['run']))

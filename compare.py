@@ -1,13 +1,12 @@
 """
 Every method nanoCoLA has (full-rank, CoLA, CoLA-M, DLR, ELAS, TSVD, GaLore, Fira, Low-Rank, SLTrain, ReLoRA) trained
-side by side on the same
-data, as close to the CoLA paper's regime (training tokens per parameter, shape ratios, schedule) as
-two CPU cores allow in a little over an hour, with seeds: does CoLA reach full-rank loss with half
-the compute?
+side by side on the same data, as close to the CoLA paper's regime (training tokens per parameter, shape ratios,
+schedule) as two CPU cores allow in about two hours, with seeds: does CoLA reach full-rank loss with half the compute,
+and how do the other low-rank methods compare?
 
     python prepare.py --input_files=assets/tinyshakespeare.txt --encoding=byte --out_dir=data/tiny
-    python compare.py                           # the CPU default: 83 runs, about 3 hours on 2 cores (estimated)
-    python compare.py config/compare_quick.py   # a first look: one seed, no sweep, 15 minutes (measured)
+    python compare.py                           # the CPU default: 73 runs, about 2 hours on 2 cores (docs/study.md)
+    python compare.py config/compare_quick.py   # a first look: one seed, no sweep, under 15 minutes
     python compare.py config/compare_60m.py     # 60m shapes on C4, one GPU
 
 Every run is train.py on the same prepared data, with the same shapes and the paper's schedule shape
@@ -29,8 +28,10 @@ steps and at equal FLOPs, as the mean +- the standard deviation over seeds) and,
 installed, out_dir/compare.png (the mean validation curve per method with a +-1 standard deviation band,
 against tokens and against training FLOPs). Each study run's final checkpoint is also scored by evaluate.py
 on its built-in downstream tasks (next-passage choice, last-word cloze; downstream_items of each), which
-the table reports next to the loss. A finished run is not run again, so an interrupted study continues
-where it stopped.
+the table reports next to the loss, with the parameters each method trains and the bytes of its optimizer's
+state (both read from the final checkpoint). The study's runs keep every evaluation's checkpoint for analyze.py
+(keep_checkpoints; config/analyze_study.py). A finished run is not run again, so an interrupted study continues
+where it stopped. Each run's output goes to out_dir/<run>/output.txt; `jobs` runs at a time share the cores.
 """
 
 import ctypes
@@ -40,6 +41,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -63,8 +65,8 @@ warmup = 0.1  # linear warm-up over this fraction of the steps, then cosine to a
 eval_interval = 100
 eval_tokens = 65536
 methods = ('full-rank', 'cola', 'cola-m', 'dlr', 'elas', 'tsvd', 'galore', 'fira', 'low-rank', 'sltrain', 'relora')
-sweep_lrs = (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)  # peak learning rates tried per method (GaLore's packages: 1e-2) ...
-sweep_fraction = 0.25  # ... in runs of this fraction of max_iters
+sweep_lrs = (2e-3, 4e-3, 8e-3, 1.6e-2)  # peak learning rates tried per method (GaLore's packages: 1e-2) ...
+sweep_fraction = 0.2  # ... in runs of this fraction of max_iters
 learning_rates = ()  # (method, peak lr) pairs that skip the sweep, e.g. (('full-rank', 2e-3),)
 seeds = (1, 2, 3)
 dlr_alpha = 1.0
@@ -79,6 +81,8 @@ dtype = 'float32'
 compile_model = False
 nproc = 1  # processes per run (torchrun), e.g. GPUs
 downstream_items = 200  # evaluate.py's built-in tasks on each study run's final checkpoint, items of each (0: off)
+keep_checkpoints = True  # the study's runs keep every evaluation's checkpoint: the trajectories analyze.py reads
+jobs = 1  # runs at a time, each on cpu_count / jobs cores: for many cores (2 cores: no faster, measured, see docs/study.md)
 
 METHODS = ('full-rank', 'cola', 'cola-m', 'dlr', 'elas', 'tsvd', 'galore', 'fira', 'low-rank', 'sltrain', 'relora')
 PAPER_TOKENS = 1.31e9  # the CoLA paper's 60M runs: 10,000 steps of 131,072 tokens ...
@@ -119,53 +123,94 @@ def regime():
             'paper_tokens_per_param': PAPER_TOKENS / PAPER_PARAMS, 'paper_tokens_per_full_param': PAPER_TOKENS / paper_full}
 
 
-def train(name, method, lr, seed, steps):
-    """Run train.py into out_dir/name and return the run's summary. A finished run is reused only if it was
-    trained with these settings; an unfinished one resumes from its checkpoint (or starts over without one)."""
+def plan_run(name, method, lr, seed, steps):
+    """What a run still needs, as (name, commands): train.py unless it finished (a finished run is reused only if it
+    was trained with these settings; an unfinished one resumes from its checkpoint, or starts over without one),
+    then, for a study run, evaluate.py on its final checkpoint unless that was scored already."""
     run_dir = os.path.join(out_dir, name)
     log_path, checkpoint = os.path.join(run_dir, 'log.jsonl'), os.path.join(run_dir, 'ckpt.pt')
+    study_run = steps == max_iters and name.split('/')[0] != 'sweep'
     settings = dict(
         data_dir=data_dir, n_layer=n_layer, n_head=n_head, n_embd=n_embd, intermediate_size=intermediate_size,
         block_size=block_size, batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
         max_iters=steps, lr_decay_iters=steps, warmup_iters=round(warmup * steps), eval_interval=eval_interval,
         eval_tokens=eval_tokens, learning_rate=lr, min_lr=lr / 10, seed=seed, device=device, dtype=dtype,
-        compile_model=compile_model, keep_best=False, log_interval=10, **method_settings(method, steps))
+        compile_model=compile_model, keep_best=False, keep_checkpoints=keep_checkpoints and study_run, log_interval=10,
+        **method_settings(method, steps))
     records = read_log(log_path) if os.path.exists(log_path) else []
     for key, value in settings.items():
         if records and key not in ('device', 'compile_model', 'log_interval') and records[0]['config'].get(key) != value:
             raise SystemExit(f"{run_dir}/ holds a run trained with {key}={records[0]['config'].get(key)!r}, not "
                              f"{value!r}: give this study another out_dir (a run is reused only with its own settings)")
+    here = os.path.dirname(os.path.abspath(__file__))
+    commands = []
     if not any(r.get('iter') == steps and 'val_loss' in r for r in records):
         start = ['--init_from=resume'] if os.path.exists(checkpoint) else ['--start_over=True'] if records else []
         launcher = [sys.executable] if nproc == 1 else [sys.executable, '-m', 'torch.distributed.run', '--standalone',
                                                          f'--nproc_per_node={nproc}']
-        print(f"run {len(finished) + 1} of {total_runs}, {name}: training ...", flush=True)
-        done = subprocess.run(launcher + [os.path.join(os.path.dirname(os.path.abspath(__file__)), 'train.py')]
-                              + [f'--{k}={v}' for k, v in settings.items()] + [f'--out_dir={run_dir}'] + start,
-                              preexec_fn=die_with_parent)
-        if done.returncode != 0:
-            raise SystemExit(f"run {name} failed (exit {done.returncode}); its output is above")
-    finished.append(name)
-    result = summary(name, read_log(log_path))
-    if downstream_items and steps == max_iters:  # the study's runs, not the sweep's
-        result['downstream'] = downstream(run_dir)
-    return result
+        commands.append(launcher + [os.path.join(here, 'train.py')] + [f'--{k}={v}' for k, v in settings.items()]
+                        + [f'--out_dir={run_dir}'] + start)
+    scores = os.path.join(run_dir, 'evaluate.json')
+    if study_run and downstream_items and (commands or not os.path.exists(scores) or os.path.getmtime(scores) < os.path.getmtime(checkpoint)
+                                           or json.load(open(scores))['scores']['next_passage']['items'] != downstream_items):
+        commands.append([sys.executable, os.path.join(here, 'evaluate.py'), f'--out_dir={run_dir}', f'--items={downstream_items}',
+                         f'--device={device}', f'--context_tokens={min(64, block_size * 3 // 4)}',
+                         f'--choice_tokens={min(16, block_size // 4)}'])
+    return name, commands
 
 
-def downstream(run_dir):
-    """evaluate.py's built-in tasks on a run's final checkpoint (reused when evaluate.json is newer than
-    the checkpoint and asked for as many items): task -> accuracy."""
-    path, checkpoint = os.path.join(run_dir, 'evaluate.json'), os.path.join(run_dir, 'ckpt.pt')
-    report = json.load(open(path)) if os.path.exists(path) and os.path.getmtime(path) >= os.path.getmtime(checkpoint) else None
-    if report is None or report['scores']['next_passage']['items'] != downstream_items:
-        done = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'evaluate.py'),
-                               f'--out_dir={run_dir}', f'--items={downstream_items}', f'--device={device}',
-                               f'--context_tokens={min(64, block_size * 3 // 4)}', f'--choice_tokens={min(16, block_size // 4)}'],
-                              stdout=subprocess.DEVNULL, preexec_fn=die_with_parent)
-        if done.returncode != 0:
-            raise SystemExit(f"evaluate.py failed on {run_dir} (exit {done.returncode}); its output is above")
-        report = json.load(open(path))
-    return {task: score['acc'] for task, score in report['scores'].items()}
+def run_all(plans):
+    """Carry out the runs' commands, `jobs` runs at a time (each run's commands in order), each run's output going to
+    its out_dir/output.txt; then return the runs' summaries in the order given."""
+    global runs_done
+    waiting, running = [p for p in plans if p[1]], {}  # running: process -> (name, commands left)
+    runs_done += len(plans) - len(waiting)  # finished before: counted, not run again
+    threads = str(max(1, (os.cpu_count() or 1) // jobs))  # the cores shared out, not oversubscribed
+    while waiting or running:
+        while waiting and len(running) < jobs:
+            name, commands = waiting.pop(0)
+            runs_done += 1
+            what = 'training' if any(part.endswith('train.py') for part in commands[0]) else 'scoring'
+            print(f"run {runs_done} of {total_runs}, {name}: {what} ...", flush=True)
+            running[launch(name, commands[0], threads)] = (name, commands[1:])
+        time.sleep(0.2)
+        for process, (name, commands) in list(running.items()):
+            if process.poll() is None:
+                continue
+            del running[process]
+            if process.returncode != 0:
+                output = open(os.path.join(out_dir, name, 'output.txt')).read().splitlines()[-20:]
+                raise SystemExit('\n'.join(output) + f"\nrun {name} failed (exit {process.returncode}); the end of its "
+                                 f"output is above, all of it in {out_dir}/{name}/output.txt")
+            if commands:
+                running[launch(name, commands[0], threads)] = (name, commands[1:])
+    results = []
+    for name, _ in plans:
+        run_dir = os.path.join(out_dir, name)
+        result = summary(name, read_log(os.path.join(run_dir, 'log.jsonl')))
+        if os.path.exists(os.path.join(run_dir, 'evaluate.json')) and downstream_items:
+            result['downstream'] = {task: score['acc'] for task, score in
+                                    json.load(open(os.path.join(run_dir, 'evaluate.json')))['scores'].items()}
+        results.append(result | trained_and_held(run_dir))
+    return results
+
+
+def trained_and_held(run_dir):
+    """From a run's final checkpoint: the parameters its optimizer trains (ReLoRA's frozen W and SLTrain's fixed
+    support are not among them) and the bytes of the optimizer's state (AdamW's moments, GaLore's projectors, ...)."""
+    checkpoint = torch.load(os.path.join(run_dir, 'ckpt.pt'), map_location='cpu', weights_only=True)
+    optimizer = checkpoint['optimizer']
+    trained = {name for group in optimizer['param_groups'] for name in group['params']}
+    return {'trained_params': sum(t.numel() for name, t in checkpoint['model'].items() if name in trained),
+            'optimizer_bytes': sum(t.numel() * t.element_size() for state in optimizer['state'].values()
+                                   for t in state.values() if torch.is_tensor(t))}
+
+
+def launch(name, command, threads):
+    os.makedirs(os.path.join(out_dir, name), exist_ok=True)
+    output = open(os.path.join(out_dir, name, 'output.txt'), 'a')
+    env = os.environ | ({'OMP_NUM_THREADS': threads} if jobs > 1 else {})
+    return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent)
 
 
 def die_with_parent():
@@ -249,7 +294,9 @@ def regime_text(plan):
 def markdown(plan, sweep, best_lrs, study):
     """compare.md: the regime, the sweep, the study table (mean ± std over seeds), notes."""
     every_run = [r for runs in list(sweep.values()) + list(study.values()) for r in runs]
-    lines = [regime_text(plan), '', f"{len(every_run)} runs, {sum(r['wall_s'] for r in every_run) / 60:.0f} minutes in all.", '']
+    lines = [regime_text(plan), '', f"{len(every_run)} runs, {sum(r['wall_s'] for r in every_run) / 60:.0f} minutes of "
+             f"training summed over the runs; tokens/s and wall time below are each run's own, with {jobs} runs at a "
+             f"time on {os.cpu_count()} cores.", '']
     if sweep:
         lines += [f'Learning-rate sweep (seed {seeds[0]}, {plan["sweep_steps"]} steps): final validation loss', '',
                   '| method | ' + ' | '.join(f'{lr:g}' for lr in sweep_lrs) + ' | best |',
@@ -260,15 +307,18 @@ def markdown(plan, sweep, best_lrs, study):
     lines += [f'Each method at its best peak lr, {plural(len(seeds), "seed")} ({", ".join(map(str, seeds))}): mean ± standard '
               'deviation over seeds; the gaps are to full-rank with the same seed.', '',
               '| method | peak lr | val loss | gap at equal steps (%) | gap at equal FLOPs (%) | next passage acc | '
-              'last word acc | params in all (M) | GFLOPs/token | TFLOPs spent | tokens/s | wall time (s) |',
-              '|---|---|---|---|---|---|---|---|---|---|---|---|']
+              'last word acc | params in all (M) | trained (M) | optimizer state (MB) | GFLOPs/token | TFLOPs spent | '
+              'tokens/s | wall time (s) |', '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
     for method, runs in study.items():
         at_steps, at_flops = gaps(runs, study['full-rank']) if 'full-rank' in study else ([None], [None])
-        lines.append(f"| {method} | {best_lrs[method]:g} | {mean_spread([r['val_loss'] for r in runs])} | "
+        given = ' (given)' if method in dict(learning_rates) else ''
+        lines.append(f"| {method} | {best_lrs[method]:g}{given} | {mean_spread([r['val_loss'] for r in runs])} | "
                      f"{mean_spread(at_steps, 2)} | {mean_spread(at_flops, 2)} | "
                      f"{mean_spread([r['downstream']['next_passage'] for r in runs if 'downstream' in r], 3)} | "
                      f"{mean_spread([r['downstream']['last_word'] for r in runs if 'downstream' in r], 3)} | "
                      f"{statistics.mean(r['params'] for r in runs) / 1e6:.3f} | "
+                     f"{statistics.mean(r['trained_params'] for r in runs) / 1e6:.3f} | "
+                     f"{statistics.mean(r['optimizer_bytes'] for r in runs) / 1e6:.2f} | "
                      f"{statistics.mean(r['flops_per_token'] for r in runs) / 1e9:.4f} | "
                      f"{statistics.mean(r['flops'] for r in runs) / 1e12:.2f} | "
                      f"{statistics.median(r['tokens_per_s'] for r in runs):,.0f} | "
@@ -292,9 +342,14 @@ def rank_table(row):
     return '\n'.join(lines)
 
 
+COLA_FAMILY = ('full-rank', 'cola', 'cola-m', 'dlr', 'elas', 'tsvd')  # the plot's upper row; full-rank and CoLA ...
+BASELINES = ('full-rank', 'cola', 'galore', 'fira', 'low-rank', 'sltrain', 'relora')  # ... in both, as the yardsticks
+
+
 def plot(study, path):
-    """Validation loss against tokens and against FLOPs: each method's mean over seeds, and a band of
-    +-1 standard deviation (at each evaluation; the FLOPs axis at the seeds' mean FLOPs)."""
+    """Validation loss against tokens (left) and against FLOPs (right), CoLA and its variants in the upper row and
+    the paper's baselines in the lower (full-rank and CoLA in both): each method's mean over seeds with a band of
+    +-1 standard deviation at each evaluation (the FLOPs axis at the seeds' mean FLOPs); a method keeps its colour."""
     try:
         import matplotlib
         matplotlib.use('Agg')  # to files, no display
@@ -302,24 +357,31 @@ def plot(study, path):
     except ImportError:
         print("matplotlib is not installed: no plot (pip install matplotlib)")
         return False
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for method, runs in study.items():
-        by_eval = list(zip(*(r['evals'] for r in runs)))  # per evaluation, (tokens, flops, loss) of every seed
-        tokens = [e[0][0] for e in by_eval]
-        flops = [statistics.mean(s[1] for s in e) for e in by_eval]
-        mean = [statistics.mean(s[2] for s in e) for e in by_eval]
-        spread = [statistics.stdev(s[2] for s in e) if len(e) > 1 else 0.0 for e in by_eval]
-        for ax, x in zip(axes, [tokens, flops]):
-            line, = ax.plot(x, mean, label=f"{method} ({plural(len(runs), 'seed')})", linestyle='--' if method == 'cola-m' else '-')
-            ax.fill_between(x, [m - s for m, s in zip(mean, spread)], [m + s for m, s in zip(mean, spread)],
-                            color=line.get_color(), alpha=0.2)
+    rows = [[m for m in group if m in study] for group in (COLA_FAMILY, BASELINES)]
+    rows = [row for row in rows if set(row) - {'full-rank', 'cola'}] or [list(study)]  # a row shows more than the yardsticks
+    colours = dict(zip(METHODS, plt.get_cmap('tab20').colors[::2] + plt.get_cmap('tab20').colors[1::2]))
+    fig, axes = plt.subplots(len(rows), 2, figsize=(11, 4 * len(rows)), squeeze=False)
     final = min(statistics.mean(r['val_loss'] for r in runs) for runs in study.values())
-    for ax, xlabel in zip(axes, ['training tokens', 'training FLOPs']):
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel('validation loss')
-        ax.set_ylim(final - 0.05, min(ax.get_ylim()[1], 1.25 * final))
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    for row, group in zip(axes, rows):
+        for method in group:
+            by_eval = list(zip(*(r['evals'] for r in study[method])))  # per evaluation, (tokens, flops, loss) of every seed
+            tokens = [e[0][0] for e in by_eval]
+            flops = [statistics.mean(s[1] for s in e) for e in by_eval]
+            mean = [statistics.mean(s[2] for s in e) for e in by_eval]
+            spread = [statistics.stdev(s[2] for s in e) if len(e) > 1 else 0.0 for e in by_eval]
+            for ax, x in zip(row, [tokens, flops]):
+                ax.plot(x, mean, color=colours[method], label=f"{method} ({plural(len(study[method]), 'seed')})",
+                        linestyle='--' if method == 'cola-m' else '-')  # CoLA-M lies on CoLA: dashed, to show both
+                ax.fill_between(x, [m - s for m, s in zip(mean, spread)], [m + s for m, s in zip(mean, spread)],
+                                color=colours[method], alpha=0.2)
+        for ax, xlabel in zip(row, ['training tokens', 'training FLOPs']):
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel('validation loss')
+            ax.set_ylim(final - 0.05, min(ax.get_ylim()[1], 1.25 * final))
+            ax.grid(alpha=0.3)
+        row[0].legend(fontsize=8)
+        row[0].set_title('CoLA and its variants' if 'cola-m' in group or 'dlr' in group or 'elas' in group or 'tsvd' in group
+                         else "the paper's baselines" if len(rows) > 1 else 'every method', fontsize=10)
     fig.tight_layout()
     write_durably(path, lambda f: fig.savefig(f, format='png', dpi=100))
     return True
@@ -345,15 +407,15 @@ if __name__ == '__main__':
     os.makedirs(out_dir, exist_ok=True)
     best_lrs = dict(learning_rates)
     swept = [m for m in methods if m not in best_lrs and not (m == 'cola-m' and 'cola' in methods)]
-    finished, total_runs = [], len(swept) * len(sweep_lrs) + len(methods) * len(seeds)
-    sweep = {}
-    for method in swept:
-        sweep[method] = [train(f'sweep/{method}-lr{lr:g}', method, lr, seeds[0], plan['sweep_steps']) for lr in sweep_lrs]
-        best_lrs[method] = min(sweep[method], key=lambda r: r['val_loss'])['lr']
+    runs_done, total_runs = 0, len(swept) * len(sweep_lrs) + len(methods) * len(seeds)
+    swept_runs = run_all([plan_run(f'sweep/{m}-lr{lr:g}', m, lr, seeds[0], plan['sweep_steps']) for m in swept for lr in sweep_lrs])
+    sweep = {m: swept_runs[i * len(sweep_lrs):(i + 1) * len(sweep_lrs)] for i, m in enumerate(swept)}
+    best_lrs |= {m: min(runs, key=lambda r: r['val_loss'])['lr'] for m, runs in sweep.items()}
     if 'cola-m' in methods and 'cola-m' not in best_lrs:
         best_lrs['cola-m'] = best_lrs['cola']  # the same function as CoLA's, so the same best lr
-    study = {method: [train(f'{method}-seed{seed}', method, best_lrs[method], seed, max_iters) for seed in seeds]
-             for method in methods}
+    # seed by seed, so that a study cut short holds every method at its first seeds
+    study_runs = run_all([plan_run(f'{m}-seed{s}', m, best_lrs[m], s, max_iters) for s in seeds for m in methods])
+    study = {m: study_runs[i::len(methods)] for i, m in enumerate(methods)}
     table = markdown(plan, sweep, best_lrs, study)
     write_durably(os.path.join(out_dir, 'compare.md'), lambda f: f.write((table + '\n').encode()))
     print(table.split('\n', 1)[1])  # the regime line was printed at the start

@@ -11,6 +11,7 @@ from helpers import ROOT, digest, refused, run
 
 from compare import read_log
 from configurator import configure, public_settings
+from model import load_checkpoint, model_from_checkpoint
 
 
 def test_compare_sweeps_then_runs_every_method_per_seed_and_its_table_comes_from_the_logs(tmp_path):
@@ -20,10 +21,11 @@ def test_compare_sweeps_then_runs_every_method_per_seed_and_its_table_comes_from
             '--rank=8', '--block_size=32', '--batch_size=4', '--max_iters=10', '--eval_interval=5', '--eval_tokens=512',
             '--sweep_lrs=(3e-3,1e-2)', '--sweep_fraction=0.5', '--seeds=(1,2)', '--downstream_items=5',
             "--methods=('full-rank','cola','cola-m','relora')",  # every method's settings: the next test
-            "--learning_rates=(('full-rank',1e-3),('relora',1e-3))"]
+            "--learning_rates=(('full-rank',1e-3),('relora',1e-3))", '--jobs=2']  # two runs at a time
     r = run(tmp_path, 'compare.py', *args)
     # only CoLA is swept (CoLA-M takes its lr), at half the steps; then 4 methods x 2 seeds
     assert 'run 1 of 10, sweep/cola-lr0.003: training' in r.stdout and 'run 10 of 10, relora-seed2' in r.stdout
+    assert 'iter 5: val loss' in (tmp_path / 'cmp' / 'sweep' / 'cola-lr0.003' / 'output.txt').read_text()  # each run's own output
     sweep = {lr: read_log(tmp_path / 'cmp' / 'sweep' / f'cola-lr{lr:g}' / 'log.jsonl') for lr in (3e-3, 1e-2)}
     assert all(log[0]['config']['max_iters'] == 5 and log[0]['config']['seed'] == 1 for log in sweep.values())
     best_cola = min(sweep, key=lambda lr: sweep[lr][-1]['val_loss'])
@@ -46,8 +48,19 @@ def test_compare_sweeps_then_runs_every_method_per_seed_and_its_table_comes_from
         ours = np.array([final[m, 1], final[m, 2]])
         full = np.array([final['full-rank', 1], final['full-rank', 2]])
         gap = (ours / full - 1) * 100
-        assert rows[m][:3] == [f'{lrs[m]:g}', f'{ours.mean():.4f} ± {ours.std(ddof=1):.4f}',
+        given = ' (given)' if m in ('full-rank', 'relora') else ''
+        assert rows[m][:3] == [f'{lrs[m]:g}{given}', f'{ours.mean():.4f} ± {ours.std(ddof=1):.4f}',
                                f'{gap.mean():.2f} ± {gap.std(ddof=1):.2f}'], m
+    # what the optimizer trains and holds, against the model's trainable parameters and AdamW's two float32
+    # moments per trained number and one float32 step per tensor
+    for m in ('full-rank', 'relora'):
+        path = tmp_path / 'cmp' / f'{m}-seed1' / 'ckpt.pt'
+        model = model_from_checkpoint(load_checkpoint(path), 'cpu', path)
+        trained = [p for p in model.parameters() if p.requires_grad]
+        in_all, n, megabytes = float(rows[m][6]), float(rows[m][7]), float(rows[m][8])
+        assert n == round(sum(p.numel() for p in trained) / 1e6, 3)
+        assert megabytes == round((8 * sum(p.numel() for p in trained) + 4 * len(trained)) / 1e6, 2)
+        assert (n < in_all) == (m == 'relora')  # ReLoRA's frozen W is held, not trained
     # at equal FLOPs: CoLA's final loss against full-rank's curve, linear between evaluations
     gap = [(final['cola', s] / np.interp(evals['cola', s][-1, 0], *evals['full-rank', s].T) - 1) * 100 for s in (1, 2)]
     assert rows['cola'][3] == f'{np.mean(gap):.2f} ± {np.std(gap, ddof=1):.2f}'
