@@ -1,11 +1,11 @@
 """
 Every method nanoCoLA has (full-rank, CoLA, CoLA-M, DLR, ELAS, TSVD, GaLore, Fira, Low-Rank, SLTrain, ReLoRA) trained
 side by side on the same data, as close to the CoLA paper's regime (training tokens per parameter, shape ratios,
-schedule) as two CPU cores allow in about two hours, with seeds: does CoLA reach full-rank loss with half the compute,
+schedule) as two CPU cores allow in under three hours, with seeds: does CoLA reach full-rank loss with half the compute,
 and how do the other low-rank methods compare?
 
     python prepare.py --input_files=assets/tinyshakespeare.txt --encoding=byte --out_dir=data/tiny
-    python compare.py                           # the CPU default: 73 runs, about 2 hours on 2 cores (docs/study.md)
+    python compare.py                           # the CPU default: 73 runs, about 2 h 40 min on 2 cores (docs/study.md)
     python compare.py config/compare_quick.py   # a first look: one seed, no sweep, under 15 minutes
     python compare.py config/compare_60m.py     # 60m shapes on C4, one GPU
 
@@ -171,7 +171,7 @@ def run_all(plans):
             name, commands = waiting.pop(0)
             runs_done += 1
             what = 'training' if any(part.endswith('train.py') for part in commands[0]) else 'scoring'
-            print(f"run {runs_done} of {total_runs}, {name}: {what} ...", flush=True)
+            print(f"run {runs_done} of {total_runs}, {name}: {what} ... (output: {out_dir}/{name}/output.txt)", flush=True)
             running[launch(name, commands[0], threads)] = (name, commands[1:])
         time.sleep(0.2)
         for process, (name, commands) in list(running.items()):
@@ -184,6 +184,9 @@ def run_all(plans):
                                  f"output is above, all of it in {out_dir}/{name}/output.txt")
             if commands:
                 running[launch(name, commands[0], threads)] = (name, commands[1:])
+            else:
+                final = [r for r in read_log(os.path.join(out_dir, name, 'log.jsonl')) if 'val_loss' in r][-1]
+                print(f"{name}: done, val loss {final['val_loss']:.4f}", flush=True)
     results = []
     for name, _ in plans:
         run_dir = os.path.join(out_dir, name)
@@ -208,9 +211,9 @@ def trained_and_held(run_dir):
 
 def launch(name, command, threads):
     os.makedirs(os.path.join(out_dir, name), exist_ok=True)
-    output = open(os.path.join(out_dir, name, 'output.txt'), 'a')
     env = os.environ | ({'OMP_NUM_THREADS': threads} if jobs > 1 else {})
-    return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent)
+    with open(os.path.join(out_dir, name, 'output.txt'), 'a') as output:  # the child keeps its own copy open
+        return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent)
 
 
 def die_with_parent():
@@ -295,8 +298,8 @@ def markdown(plan, sweep, best_lrs, study):
     """compare.md: the regime, the sweep, the study table (mean ± std over seeds), notes."""
     every_run = [r for runs in list(sweep.values()) + list(study.values()) for r in runs]
     lines = [regime_text(plan), '', f"{len(every_run)} runs, {sum(r['wall_s'] for r in every_run) / 60:.0f} minutes of "
-             f"training summed over the runs; tokens/s and wall time below are each run's own, with {jobs} runs at a "
-             f"time on {os.cpu_count()} cores.", '']
+             f"training summed over the runs; tokens/s and wall time below are each run's own, with {plural(jobs, 'run')} "
+             f"at a time on {os.cpu_count()} cores.", '']
     if sweep:
         lines += [f'Learning-rate sweep (seed {seeds[0]}, {plan["sweep_steps"]} steps): final validation loss', '',
                   '| method | ' + ' | '.join(f'{lr:g}' for lr in sweep_lrs) + ' | best |',
@@ -357,12 +360,13 @@ def plot(study, path):
     except ImportError:
         print("matplotlib is not installed: no plot (pip install matplotlib)")
         return False
-    rows = [[m for m in group if m in study] for group in (COLA_FAMILY, BASELINES)]
-    rows = [row for row in rows if set(row) - {'full-rank', 'cola'}] or [list(study)]  # a row shows more than the yardsticks
+    rows = [(title, [m for m in group if m in study]) for title, group in
+            (('CoLA and its variants', COLA_FAMILY), ("the paper's baselines", BASELINES))]
+    rows = [(t, g) for t, g in rows if set(g) - {'full-rank', 'cola'}] or [('every method', list(study))]  # more than the yardsticks
     colours = dict(zip(METHODS, plt.get_cmap('tab20').colors[::2] + plt.get_cmap('tab20').colors[1::2]))
     fig, axes = plt.subplots(len(rows), 2, figsize=(11, 4 * len(rows)), squeeze=False)
     final = min(statistics.mean(r['val_loss'] for r in runs) for runs in study.values())
-    for row, group in zip(axes, rows):
+    for row, (title, group) in zip(axes, rows):
         for method in group:
             by_eval = list(zip(*(r['evals'] for r in study[method])))  # per evaluation, (tokens, flops, loss) of every seed
             tokens = [e[0][0] for e in by_eval]
@@ -380,8 +384,7 @@ def plot(study, path):
             ax.set_ylim(final - 0.05, min(ax.get_ylim()[1], 1.25 * final))
             ax.grid(alpha=0.3)
         row[0].legend(fontsize=8)
-        row[0].set_title('CoLA and its variants' if 'cola-m' in group or 'dlr' in group or 'elas' in group or 'tsvd' in group
-                         else "the paper's baselines" if len(rows) > 1 else 'every method', fontsize=10)
+        row[0].set_title(title, fontsize=10)
     fig.tight_layout()
     write_durably(path, lambda f: fig.savefig(f, format='png', dpi=100))
     return True
@@ -397,6 +400,8 @@ if __name__ == '__main__':
         raise SystemExit(f"seeds={seeds}: expected one seed or more")
     if len(set(seeds)) != len(seeds):
         raise SystemExit(f"seeds={seeds}: a seed twice would count one run as two; expected distinct seeds")
+    if jobs < 1:
+        raise SystemExit(f"jobs={jobs}: expected 1 or more runs at a time")
     if not 0 < sweep_fraction <= 1:
         raise SystemExit(f"sweep_fraction={sweep_fraction}: expected a fraction in (0, 1]")
     plan = regime()

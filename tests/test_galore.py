@@ -116,8 +116,10 @@ def test_two_processes_equal_one(data):
     run(data, 'train.py', *common, '--out_dir=fira-one', '--batch_size=4')
     run(data, 'train.py', *common, '--out_dir=fira-two', '--batch_size=2', torchrun=2)
     (one, one_val), (two, two_val) = train_log(data / 'fira-one'), train_log(data / 'fira-two')
-    assert one.keys() == two.keys() and all(two[i] == pytest.approx(one[i], abs=1e-5) for i in one)
-    assert two_val[6] == pytest.approx(one_val[6], abs=1e-5)
+    # the same sums in another order in float32, through Fira's norm ratios and SVDs: the validation losses were
+    # 1.2e-5 apart at step 6 on one of our CPUs (2026-12-04), over the 1e-5 this test first allowed
+    assert one.keys() == two.keys() and all(two[i] == pytest.approx(one[i], abs=5e-5) for i in one)
+    assert two_val[6] == pytest.approx(one_val[6], abs=5e-5)
 
 
 @pytest.mark.parametrize('args,message', [

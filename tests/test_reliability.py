@@ -172,6 +172,7 @@ def test_prepare_reads_each_real_file_once_and_notices_a_changed_source(tmp_path
     ('sample.py', ['--out_dir=gone'], 'no checkpoint gone/ckpt.pt'),
     ('compare.py', ['--seeds=(1, 1)'], 'seeds=(1, 1): a seed twice would count one run as two'),
     ('compare.py', ['--sweep_fraction=0.0004'], 'sweep_fraction=0.0004 of max_iters=1000 is 0 steps'),
+    ('compare.py', ['--jobs=0'], 'jobs=0: expected 1 or more runs at a time'),
 ])
 def test_bad_settings_are_one_line_errors(trained, script, args, message):
     (trained / 'afile').write_text('a file, not a folder')
