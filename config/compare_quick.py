@@ -1,9 +1,11 @@
 # compare.py's first look: every method once (seed 1), at the peak learning rate the default study's sweep chose
-# (docs/study.md, 2026-12-04), for 300 of the default's 1,000 steps: under 15 minutes on 2 CPU cores.
-# python compare.py config/compare_quick.py
-# tokens per run: 300 steps x 16 sequences x 256 tokens = 1.2M, 3.1 per full-rank non-embedding parameter
+# (docs/study.md, 2026-12-04), for 200 of the default's 1,000 steps, with half the evaluation and downstream items:
+# under 15 minutes on 2 CPU cores. python compare.py config/compare_quick.py
+# tokens per run: 200 steps x 16 sequences x 256 tokens = 0.8M, 2.1 per full-rank non-embedding parameter
 out_dir = 'out-compare-quick'
-max_iters = 300
+max_iters = 200
+eval_tokens = 32768
+downstream_items = 100
 seeds = (1,)
 learning_rates = (('full-rank', 4e-3), ('cola', 8e-3), ('dlr', 4e-3), ('elas', 4e-3), ('tsvd', 4e-3),
                   ('galore', 1.6e-2), ('fira', 1.6e-2), ('low-rank', 4e-3), ('sltrain', 4e-3), ('relora', 2e-3))
