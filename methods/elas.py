@@ -15,7 +15,7 @@ Sparsity is off for a dense warm-up (train.py's elas_warmup_iters optimizer step
 On CUDA in fp16/bf16 (Ampere or newer) the product of the sparse activation with down_proj's first
 factor runs through PyTorch's semi-structured sparse kernels (sparse24_matmul); elsewhere it is a
 dense product with the same numbers. Our choices: the width rounded down to a multiple of 4; the sparse
-product only for CoLA layers and only when both of its dimensions are multiples of 64; dense backward.
+product only for CoLA layers, its operands padded with zeros to multiples of 64; dense backward.
 
 `python bench.py --elas_sparse` times the FFN with the sparse product against the same FFN computed dense (CUDA).
 """
@@ -103,10 +103,20 @@ class _Sparse24MatMul(torch.autograd.Function):
 
 def sparse24_matmul(x, w):
     """x @ w for x (..., K) with 2 of every 4 consecutive values zero and w (K, N): on CUDA in fp16 or
-    bf16 on Ampere or newer, with both dimensions of x multiples of 64, through the semi-structured
-    sparse kernels (cuSPARSELt / CUTLASS); everywhere else a dense matmul with the same numbers."""
-    x2 = x.reshape(-1, x.size(-1))
+    bf16 on Ampere or newer through the semi-structured sparse kernels (cuSPARSELt / CUTLASS);
+    everywhere else a dense matmul with the same numbers."""
+    x2 = x.reshape(-1, x.size(-1))  # (M, K)
     if not (SEMI_STRUCTURED and x2.is_cuda and x2.dtype in (torch.float16, torch.bfloat16)
-            and torch.cuda.get_device_capability(x2.device)[0] >= 8 and x2.size(0) % 64 == 0 and x2.size(1) % 64 == 0):
+            and torch.cuda.get_device_capability(x2.device)[0] >= 8):
         return x @ w
-    return _Sparse24MatMul.apply(x2, w.to(x2.dtype)).view(*x.shape[:-1], w.size(1))
+    return padded_to_64(_Sparse24MatMul.apply, x2, w.to(x2.dtype)).view(*x.shape[:-1], w.size(1))
+
+
+def padded_to_64(mm, x, w):
+    """mm(x, w) for x (M, K), w (K, N), with both of x's dimensions padded with zeros to multiples of 64,
+    as the semi-structured kernels require (ELAS's widths at 350m and 1b, 4,104 and 8,188, are not): a
+    group of 4 zeros is 2:4 sparse, and zero rows and columns add nothing to the product."""
+    M, K = x.shape
+    if M % 64 or K % 64:
+        x, w = F.pad(x, (0, -K % 64, 0, -M % 64)), F.pad(w, (0, 0, 0, -K % 64))
+    return mm(x, w)[:M]  # (M, N)

@@ -39,8 +39,8 @@ class SLTrainLinear(nn.Module):
 
     def dense_weight(self):
         """The dense W = (alpha / r) B A + S, (d_out, d_in)."""
-        W = self.scale * (self.B @ self.A)
-        return W.flatten().index_add(0, self.support, self.values).view_as(W)
+        W = self.scale * (self.B @ self.A)  # under autocast a bf16 product: S joins it in that dtype
+        return W.flatten().index_add(0, self.support, self.values.to(W.dtype)).view_as(W)
 
     def forward(self, x):
         return F.linear(x, self.dense_weight())

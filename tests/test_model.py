@@ -8,7 +8,7 @@ import torch
 from conftest import TINY
 from helpers import ROOT
 
-from bench import activation_bytes, config_shape, measure_flops
+from bench import VARIANTS, activation_bytes, config_shape, measure_flops
 from model import CoLALinear, ModelConfig, Transformer
 
 SHAPES_1B = dict(n_embd=2048, intermediate_size=5461, n_head=32, rank=512, block_size=256)
@@ -195,3 +195,16 @@ def test_optimizer_decays_matrices_only():
     assert sorted(name[id(p)] for p in no_decay['params']) == sorted(n for n in name.values() if n.endswith('norm.weight'))
     assert 'tok_emb.weight' in decayed and 'lm_head.weight' in decayed and 'blocks.0.attn.q_proj.A' in decayed
     assert 'blocks.1.mlp.down_proj.B' in decayed and len(decayed) + len(no_decay['params']) == len(name)
+
+
+@pytest.mark.parametrize('name,changes', VARIANTS)
+def test_every_method_trains_under_bfloat16_autocast(name, changes):
+    # GPU training runs under bf16 autocast, where a product of two fp32 parameters comes out bf16:
+    # every method's layers must take that (SLTrain's sparse values once did not, found on an H200).
+    model = build(replace(TINY, **changes))
+    idx = torch.randint(0, TINY.vocab_size, (2, 16))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        _, loss = model(idx, idx)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
