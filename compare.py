@@ -5,7 +5,7 @@ schedule) as two CPU cores allow in under three hours, with seeds: does CoLA rea
 and how do the other low-rank methods compare?
 
     python prepare.py --input_files=assets/tinyshakespeare.txt --encoding=byte --out_dir=data/tiny
-    python compare.py                           # the CPU default: 73 runs, about 2 h 40 min on 2 cores (docs/study.md)
+    python compare.py                           # the CPU default: 73 runs, 2 h 50 min on 2 cores (docs/study.md)
     python compare.py config/compare_quick.py   # a first look: one seed, no sweep, under 15 minutes
     python compare.py config/compare_60m.py     # 60m shapes on C4, one GPU
 

@@ -10,7 +10,8 @@ from conftest import TINY
 from helpers import ROOT, refused, run
 from model import CoLALinear, Transformer
 
-# Per dtype: (rtol, atol) against a float64 reference, for values of order 1 summed over <= 75 terms.
+# Per dtype: (rtol, atol) against a float64 reference, for values of order 1 summed over <= 75 terms
+# (longer sums: check_against_reference).
 TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.float16: (2e-2, 2e-2), torch.bfloat16: (5e-2, 5e-2)}
 
 
@@ -19,6 +20,14 @@ def reference(x, A, B, dy):
     x, A, B = (t.detach().double().requires_grad_() for t in (x, A, B))
     y = F.silu(x @ A) @ B
     y.backward(dy.double())
+    return y, x.grad, A.grad, B.grad
+
+
+def eager(x, A, B, dy):
+    """silu(x @ A) @ B and its three gradients in plain PyTorch, in x's dtype."""
+    x, A, B = (t.detach().clone().requires_grad_() for t in (x, A, B))
+    y = F.silu(x @ A) @ B
+    y.backward(dy)
     return y, x.grad, A.grad, B.grad
 
 
@@ -36,9 +45,12 @@ def check_against_reference(lead, d_in, r, d_out, dtype, device='cpu'):
     B = (torch.randn(r, d_out, device=device) * r ** -0.5).to(dtype)
     dy = torch.randn(*lead, d_out, device=device).to(dtype)
     rtol, atol = TOLERANCES[dtype]
-    for name, got, want in zip(['y', 'dx', 'dA', 'dB'], fused(x, A, B, dy), reference(x, A, B, dy)):
+    for name, got, plain, want in zip(['y', 'dx', 'dA', 'dB'], fused(x, A, B, dy), eager(x, A, B, dy), reference(x, A, B, dy)):
         assert got.dtype == dtype and got.shape == want.shape, name
-        torch.testing.assert_close(got.double(), want, rtol=rtol, atol=atol, msg=lambda m: f'{name}: {m}')
+        # Rounding error grows with the length of the sums (dA and dB sum over every token): beyond the
+        # tolerance for short sums, allow twice what eager PyTorch in the same dtype is off by.
+        bound = max(atol, 2 * (plain.double() - want).abs().max().item())
+        torch.testing.assert_close(got.double(), want, rtol=rtol, atol=bound, msg=lambda m: f'{name}: {m}')
 
 
 @pytest.mark.triton
