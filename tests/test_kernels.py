@@ -15,27 +15,16 @@ from model import CoLALinear, Transformer
 TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.float16: (2e-2, 2e-2), torch.bfloat16: (5e-2, 5e-2)}
 
 
-def reference(x, A, B, dy):
-    """silu(x @ A) @ B and its three gradients, in float64 PyTorch."""
-    x, A, B = (t.detach().double().requires_grad_() for t in (x, A, B))
-    y = F.silu(x @ A) @ B
-    y.backward(dy.double())
-    return y, x.grad, A.grad, B.grad
-
-
-def eager(x, A, B, dy):
-    """silu(x @ A) @ B and its three gradients in plain PyTorch, in x's dtype."""
+def forward_backward(op, x, A, B, dy):
+    """op(x, A, B) and its three gradients, in the inputs' dtype, on fresh copies of them."""
     x, A, B = (t.detach().clone().requires_grad_() for t in (x, A, B))
-    y = F.silu(x @ A) @ B
+    y = op(x, A, B)
     y.backward(dy)
     return y, x.grad, A.grad, B.grad
 
 
-def fused(x, A, B, dy):
-    x, A, B = (t.detach().clone().requires_grad_() for t in (x, A, B))
-    y = kernels.cola_matmul(x, A, B)
-    y.backward(dy)
-    return y, x.grad, A.grad, B.grad
+def eager_cola(x, A, B):
+    return F.silu(x @ A) @ B
 
 
 def check_against_reference(lead, d_in, r, d_out, dtype, device='cpu'):
@@ -45,7 +34,9 @@ def check_against_reference(lead, d_in, r, d_out, dtype, device='cpu'):
     B = (torch.randn(r, d_out, device=device) * r ** -0.5).to(dtype)
     dy = torch.randn(*lead, d_out, device=device).to(dtype)
     rtol, atol = TOLERANCES[dtype]
-    for name, got, plain, want in zip(['y', 'dx', 'dA', 'dB'], fused(x, A, B, dy), eager(x, A, B, dy), reference(x, A, B, dy)):
+    fused, eager = (forward_backward(op, x, A, B, dy) for op in (kernels.cola_matmul, eager_cola))
+    reference = forward_backward(eager_cola, *(t.double() for t in (x, A, B, dy)))  # float64
+    for name, got, plain, want in zip(['y', 'dx', 'dA', 'dB'], fused, eager, reference):
         assert got.dtype == dtype and got.shape == want.shape, name
         # Rounding error grows with the length of the sums (dA and dB sum over every token): beyond the
         # tolerance for short sums, allow twice what eager PyTorch in the same dtype is off by.
@@ -75,7 +66,7 @@ def test_pytorch_fallback_matches_reference():  # CPU without the interpreter: p
 def test_fused_op_keeps_only_z_where_eager_keeps_z_and_silu_z():
     x, A, B = torch.randn(64, 40, requires_grad=True), torch.randn(40, 16, requires_grad=True), torch.randn(16, 24, requires_grad=True)
     sizes = {}
-    for name, fn in [('fused', kernels.cola_matmul), ('eager', lambda x, A, B: F.silu(x @ A) @ B)]:
+    for name, fn in [('fused', kernels.cola_matmul), ('eager', eager_cola)]:
         saved = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
             fn(x, A, B)
