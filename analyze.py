@@ -47,26 +47,26 @@ from shards import load_meta, read_shard, shard_path, write_durably
 # ----------------------------------------------------------------------------- config
 runs = ''  # comma-separated out_dirs of train.py runs
 reference = ''  # an out_dir to compare hidden states with ('' = no similarity)
-out_dir = 'analysis'
+out_dir = 'analysis'  # where analysis.md and the plots go
 data_dir = ''  # '' = each run's own data_dir
 eval_tokens = 65536  # the loss of each point of a landscape or interpolation: exact mean over these tokens
-batch_size = 8
-activations = True
-activation_tokens = 2048
-weights = True
-updates = True
-landscape = True
-directions = 5
+batch_size = 8  # sequences per forward pass
+activations = True  # the hidden states' effective rank per layer
+activation_tokens = 2048  # tokens whose hidden states are analysed
+weights = True  # the weights' spectra and effective ranks
+updates = True  # the rank of each layer's change over training (needs a trajectory)
+landscape = True  # loss along random and top singular directions
+directions = 5  # random directions of the landscape
 grid = 7  # points of t on [-t_max, t_max], odd so that it holds 0
-t_max = 0.003
+t_max = 0.003  # the landscape's range of t, [-t_max, t_max]
 filter_norm = False  # filter-normalised directions (each row of d scaled to its weight row's norm)
 top_k = 3  # singular directions u_k v_k^T for k = 1 .. top_k (0: off; the paper: 20, averaged over top-5/10/20)
 top_k_t_max = 0.05  # their own t range, [-top_k_t_max, top_k_t_max] (the paper's +-0.05)
-interpolation = True
-alphas = 21
-similarity = True
-device = 'cpu'
-seed = 0
+interpolation = True  # loss along the straight line between consecutive checkpoints (the barrier)
+alphas = 21  # points of that line
+similarity = True  # CKA of hidden states against the reference run
+device = 'cpu'  # 'cpu' or 'cuda'
+seed = 0  # the random directions' seed
 
 
 # ----------------------------------------------------------------------------- metrics

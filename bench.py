@@ -388,23 +388,27 @@ if __name__ == '__main__':
     # ------------------------------------------------------------------------- config
     config = ''  # a config file whose shapes to use; '' = the shapes below
     n_layer = 2  # 0: the config file's depth
-    n_head, n_embd, intermediate_size, rank = 16, 1024, 2736, 256  # 350m widths
+    n_head = 16  # attention heads (350m's)
+    n_embd = 1024  # the model width d (350m's)
+    intermediate_size = 2736  # SwiGLU's hidden width f (350m's)
+    rank = 256  # CoLA's r (350m's)
     vocab_size = 0  # 0: 4096 for the shapes above (with 2 layers, the output layer's share of the FLOPs
     #                 is then about that of the real 350m), GPT-2's 50304 with a config file
-    only_lr_act = False
+    only_lr_act = False  # True: the MLP drops SwiGLU's own SiLU (the paper from 350m on)
     device = 'cpu'  # 'cpu', 'cuda', or 'meta' (counts only, any size)
-    dtype = 'float32'
-    batch_size = 4
-    seq_len = 256
-    steps = 5
-    warmup = 2
-    compile_model = False
+    dtype = 'float32'  # 'float32' or 'bfloat16'
+    batch_size = 4  # sequences per timed step
+    seq_len = 256  # tokens per sequence
+    steps = 5  # timed training steps per variant (interleaved, median)
+    warmup = 2  # untimed steps first
+    compile_model = False  # torch.compile each variant
     as_json = False  # print JSON instead of Markdown
     table = ''  # 'params' or 'memory': instead, parameter counts or computed memory per GPU of every config/ file
     generation = False  # instead: KV-cached generation, CoLA against full-rank
     elas_sparse = False  # instead: ELAS's FFN with the 2:4 sparse kernels against dense (CUDA)
     sltrain_ways = False  # instead: SLTrain's dense rebuild against low-rank + sparse products
-    prompt_tokens, new_tokens = 16, 32  # for generation, with batch_size sequences
+    prompt_tokens = 16  # generation: prompt tokens per sequence (batch_size sequences)
+    new_tokens = 32  # generation: tokens generated per sequence
     settings = configure(public_settings(globals()), sys.argv[1:])
     globals().update(settings)
 

@@ -7,7 +7,7 @@ applies, in order, config files (python files of plain assignments) and --key=va
 
     python train.py config/cola_60m.py --batch_size=32 --compile_model=False
     python bench.py --as_json                   # a bare --flag sets a boolean setting to True
-    python train.py --help                      # the script's docstring and every setting with its default
+    python train.py --help                      # the script's docstring, every setting, its default and meaning
 
 Every key must already exist in the script, and an override must have the type of the value it
 replaces (an int may stand for a float; a setting whose default is None takes anything), so a typo
@@ -15,6 +15,7 @@ fails loudly instead of being silently ignored.
 """
 
 import os
+import re
 import sys
 from ast import literal_eval
 
@@ -41,10 +42,12 @@ def configure(settings, argv):
     """Apply config files and --key=value overrides from argv to the dict settings, in place; --help
     (or -h) prints the script's docstring and its settings with their defaults, and exits."""
     if '--help' in argv or '-h' in argv:
-        print((sys.modules['__main__'].__doc__ or '').strip())
-        print('\nSettings (--key=value, or a config file of such assignments), with their defaults:')
+        main = sys.modules['__main__']
+        print((main.__doc__ or '').strip())
+        print('\nSettings (--key=value, or a config file of such assignments), with their defaults and meanings:')
+        meanings = setting_comments(getattr(main, '__file__', None))
         for key, value in settings.items():
-            print(f'  --{key}={value!r}')
+            print(f'  --{key}={value!r}'.ljust(34) + (f'  {meanings[key]}' if key in meanings else ''))
         raise SystemExit(0)
     for arg in argv:
         if not arg.startswith('--'):
@@ -66,6 +69,17 @@ def configure(settings, argv):
             value = text  # a bare word is a string: --device=cuda
         settings[key] = _checked(key, value, settings[key], f'--{key}')
     return settings
+
+
+def setting_comments(path):
+    """The comment beside each module-level setting of a script (`name = value  # comment`): its meaning."""
+    if not path or not os.path.isfile(path):
+        return {}
+    found = {}  # name -> (indentation, comment): an unindented setting wins over one under `if __name__ ...`
+    for m in map(re.compile(r"^( *)(\w+) = .*?  # (.*)$").match, open(path, encoding='utf-8')):
+        if m and len(m.group(1)) < found.get(m.group(2), (99,))[0]:
+            found[m.group(2)] = len(m.group(1)), m.group(3)
+    return {name: comment for name, (_, comment) in found.items()}
 
 
 def public_settings(namespace):

@@ -31,23 +31,23 @@ import torch
 import torch.nn.functional as F
 
 from configurator import configure, public_settings
-from model import load_checkpoint, model_from_checkpoint
+from model import describe_checkpoint, load_checkpoint, model_from_checkpoint
 from shards import get_encoding, load_meta, read_shard, shard_path, write_durably
 
 # ----------------------------------------------------------------------------- config
-out_dir = 'out'
+out_dir = 'out'  # the run whose checkpoint (ckpt.pt) is scored; scores go to its evaluate.json
 data_dir = ''  # '' = the run's own data_dir (for the built-in tasks)
 items = 200  # items of each built-in task
-context_tokens = 64
-choice_tokens = 16
-seed = 0
+context_tokens = 64  # built-in tasks: tokens of context before each choice
+choice_tokens = 16  # built-in tasks: tokens of each choice
+seed = 0  # built-in tasks: which items and distractors are drawn
 hellaswag = ''  # paths of local JSONL files in the published formats ('' = skip)
-arc_easy = ''
-arc_challenge = ''
-piqa = ''
+arc_easy = ''  # ARC-Easy JSONL ('' = skip)
+arc_challenge = ''  # ARC-Challenge JSONL ('' = skip)
+piqa = ''  # PIQA JSONL ('' = skip)
 piqa_labels = ''  # PIQA's labels file (valid-labels.lst) when the JSONL has no label field
-lambada = ''
-device = 'cpu'
+lambada = ''  # LAMBADA JSONL ('' = skip)
+device = 'cpu'  # 'cpu', 'cuda' or 'cuda:N'
 as_json = False  # print the scores as JSON
 
 
@@ -81,14 +81,15 @@ def multiple_choice(model, enc, examples):
         scores = [continuation_logprob(model, ctx, enc.encode_to_numpy(c, disallowed_special=()).tolist()) for c in choices]
         correct += int(np.argmax(scores) == gold)
         correct_norm += int(np.argmax([s / max(1, len(c.encode('utf-8'))) for s, c in zip(scores, choices)]) == gold)
-    return {'acc': correct / len(examples), 'acc_norm': correct_norm / len(examples), 'items': len(examples)}
+    return {'acc': correct / len(examples), 'acc_norm': correct_norm / len(examples), 'items': len(examples),
+            'chance': float(np.mean([1 / len(choices) for _, choices, _ in examples]))}
 
 
 def cloze(model, enc, examples):
     """acc of (context, target) examples by greedy exact match."""
     hits = sum(greedy_matches(model, enc.encode_to_numpy(c, disallowed_special=()).tolist(),
                               enc.encode_to_numpy(t, disallowed_special=()).tolist()) for c, t in examples)
-    return {'acc': hits / len(examples), 'items': len(examples)}
+    return {'acc': hits / len(examples), 'items': len(examples), 'chance': 0.0}  # an exact word: no chance level
 
 
 # ----------------------------------------------------------------------------- the tasks
@@ -206,7 +207,7 @@ def evaluate(model, enc, folder):
     passages = next_passage_items(tokens, rng)
     correct = sum(int(np.argmax([continuation_logprob(model, c, choice) for choice in choices]) == gold)
                   for c, choices, gold in passages)
-    scores['next_passage'] = {'acc': correct / len(passages), 'items': len(passages)}  # equal lengths: acc_norm = acc
+    scores['next_passage'] = {'acc': correct / len(passages), 'items': len(passages), 'chance': 0.25}  # equal lengths: acc_norm = acc
     scores['last_word'] = cloze(model, enc, last_word_items(tokens, enc, rng))
     for name, path, read in [('hellaswag', hellaswag, hellaswag_examples), ('arc_easy', arc_easy, arc_examples),
                              ('arc_challenge', arc_challenge, arc_examples),
@@ -226,6 +227,7 @@ if __name__ == '__main__':
     path = os.path.join(out_dir, 'ckpt.pt')
     checkpoint = load_checkpoint(path)
     model = model_from_checkpoint(checkpoint, device, path).eval()
+    print('scoring ' + describe_checkpoint(checkpoint, path), file=sys.stderr)
     if context_tokens + choice_tokens > model.config.block_size:
         raise SystemExit(f"context_tokens + choice_tokens = {context_tokens + choice_tokens}: expected at most the "
                          f"model's block_size={model.config.block_size}")
@@ -239,8 +241,8 @@ if __name__ == '__main__':
     if as_json:
         print(json.dumps(report, indent=1))
     else:
-        print('| task | items | acc | acc_norm |\n|---|---|---|---|')
+        print('| task | items | acc | acc_norm | chance |\n|---|---|---|---|---|')
         for name, s in scores.items():
             norm = f"{s['acc_norm']:.4f}" if 'acc_norm' in s else '-'
-            print(f"| {name} | {s['items']} | {s['acc']:.4f} | {norm} |")
+            print(f"| {name} | {s['items']} | {s['acc']:.4f} | {norm} | {s['chance']:.4f} |")
         print(f"wrote {out_dir}/evaluate.json")

@@ -33,7 +33,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from methods import elas, lowrank, relora, sltrain, tsvd
 
 try:
-    import kernels  # the fused CoLA product; without Triton installed, CoLA layers run eager PyTorch
+    import kernels  # the fused CoLA up-projection; without Triton installed, CoLA layers run eager PyTorch
 except ImportError:
     kernels = None
 
@@ -61,7 +61,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     # how to run it, not what it is: a checkpoint loads whatever these say
     checkpointing: str = 'none'  # 'none' | 'full' (recompute whole blocks) | 'cola-m' (CoLA-M)
-    fused_cola: bool = True  # up-projections through kernels.silu_matmul (Triton on CUDA); False: eager PyTorch
+    fused_cola: bool = True  # up-projections through kernels.silu_matmul (keeps z, not silu(z)); False: eager PyTorch
 
     def __post_init__(self):
         for name in ('vocab_size', 'block_size', 'n_layer', 'n_head', 'n_embd', 'intermediate_size'):
@@ -149,8 +149,8 @@ class CoLALinear(nn.Module):
         return self.down_product(x, self.A)
 
     def up(self, z):
-        # The fused op (Triton on CUDA) applies SiLU inside the matmul and keeps only z for
-        # backward, where eager PyTorch keeps z and silu(z).
+        # The fused op keeps only z for backward and rebuilds silu(z) there, where eager PyTorch
+        # keeps z and silu(z).
         B = self.B if self.dlr_residual is None else self.B + self.dlr_residual  # (r, d_out)
         if self.fused:
             return kernels.silu_matmul(z, B)
@@ -448,6 +448,14 @@ def load_checkpoint(path):
     if not isinstance(checkpoint, dict) or not {'model', 'model_config', 'config', 'encoding'} <= checkpoint.keys():
         raise SystemExit(f"{path} is not a checkpoint of train.py")
     return checkpoint
+
+
+def describe_checkpoint(checkpoint, path):
+    """One line saying which state a script reads: the file, its step, and where the best one is."""
+    iters, max_iters = checkpoint.get('iter_num', '?'), checkpoint['config'].get('max_iters', '?')
+    best = checkpoint.get('best_val_loss', float('inf'))
+    return (f"{path}: the state after iter {iters} of {max_iters}" + (f" (the run's best validation loss so far, "
+            f"{best:.4f}, is best.pt's)" if os.path.basename(path) == 'ckpt.pt' and best < float('inf') else ''))
 
 
 def model_from_checkpoint(checkpoint, device='cpu', path='the checkpoint', **how):

@@ -30,10 +30,10 @@ from tqdm import tqdm
 from shards import get_encoding, load_meta, read_shard, write_durably, write_shard
 
 # ----------------------------------------------------------------------------- config
-out_dir = 'data/c4'
+out_dir = 'data/c4'  # the folder of token shards and meta.json that train.py reads as data_dir
 input_files = ''  # '' = C4 through datasets; else a glob of local .json/.json.gz/.jsonl/.txt files
 val_files = ''  # local mode: a glob of validation files; '' = the first val_tokens tokens of the input files
-val_tokens = 100_000
+val_tokens = 100_000  # local mode: tokens of the validation split, taken from the input files' start
 train_shards = 9  # C4 train files (of 1024, ~150M GPT-2 tokens each): 9 covers cola_60m's 1.31B tokens
 val_shards = 1  # C4 validation files (of 8)
 encoding = 'gpt2'  # 'gpt2' or 'byte'

@@ -16,19 +16,19 @@ import sys
 import torch
 
 from configurator import configure, public_settings
-from model import load_checkpoint, model_from_checkpoint
+from model import describe_checkpoint, load_checkpoint, model_from_checkpoint
 from shards import get_encoding, load_meta
 
 # ----------------------------------------------------------------------------- config
-out_dir = 'out'
+out_dir = 'out'  # the run whose checkpoint (ckpt.pt) generates
 start = '\n'  # the prompt, or FILE:path to read it from a file
-num_samples = 3
-max_new_tokens = 200
+num_samples = 3  # samples to generate
+max_new_tokens = 200  # tokens generated per sample
 temperature = 0.8  # 0: greedy
 top_k = 200  # sample from the top_k most likely tokens
-seed = 1337
-device = 'cuda' if torch.cuda.is_available() else 'cpu'
-dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'
+seed = 1337  # the sampling's random seed
+device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda' or 'cuda:N'
+dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # 'float32' or 'bfloat16' (autocast on CUDA)
 
 
 def load_model(out_dir):
@@ -37,6 +37,7 @@ def load_model(out_dir):
     if not os.path.exists(path):
         raise SystemExit(f"no checkpoint {path}: train one first (python train.py ... --out_dir={out_dir})")
     checkpoint = load_checkpoint(path)
+    print('sampling from ' + describe_checkpoint(checkpoint, path), file=sys.stderr)
     enc = get_encoding(checkpoint['encoding'])
     data_dir = checkpoint['config'].get('data_dir', '')
     if os.path.exists(os.path.join(data_dir, 'meta.json')) and load_meta(data_dir)['encoding'] != enc.name:

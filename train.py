@@ -34,70 +34,70 @@ from shards import load_meta, read_shard, shard_path, write_durably
 
 # ----------------------------------------------------------------------------- config
 # I/O
-out_dir = 'out'
-data_dir = 'data/c4'
+out_dir = 'out'  # where the run's checkpoints and log.jsonl go
+data_dir = 'data/c4'  # token shards from prepare.py (meta.json and its splits)
 eval_interval = 1000  # evaluate, then checkpoint, every this many steps (and at the end)
 eval_tokens = 10_000_000  # the validation budget: the same first tokens of the val split each time
-log_interval = 10
+log_interval = 10  # print and record the training loss every this many steps
 init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
 start_over = False  # True: init_from='scratch' into an out_dir that holds a run deletes that run first (else refused)
 always_save_checkpoint = True  # the latest state, at every evaluation
 keep_best = True  # also keep the state with the best validation loss as best.pt
 keep_checkpoints = False  # also keep every evaluation's state as ckpt_{iter}.pt: a trajectory for analyze.py
-wandb_log = False
-wandb_project = 'nanocola'
-wandb_run_name = 'run'
+wandb_log = False  # also log to Weights & Biases
+wandb_project = 'nanocola'  # the W&B project
+wandb_run_name = 'run'  # the W&B run's name
 # data
 batch_size = 64  # sequences per micro-step on each process
 gradient_accumulation_steps = 1  # micro-steps per optimizer step on each process
 # model: ModelConfig's fields, with its defaults (CoLA-60M); vocab_size None: the data's, padded to a multiple of 64
-vocab_size = None
-block_size = 256
-n_layer = 8
-n_head = 8
-n_embd = 512
-intermediate_size = 1376
-rank = 128
-only_lr_act = False
+vocab_size = None  # None: the data's vocabulary, padded to a multiple of 64
+block_size = 256  # tokens per training sequence (the context length)
+n_layer = 8  # transformer blocks
+n_head = 8  # attention heads
+n_embd = 512  # the model width d
+intermediate_size = 1376  # SwiGLU's hidden width f
+rank = 128  # 0: full-rank nn.Linear projections; > 0: each projection a rank-r bottleneck (CoLA's r)
+only_lr_act = False  # True: the MLP drops SwiGLU's own SiLU (CoLA's layers are non-linear already; the paper from 350m on)
 dlr_alpha = 0.0  # DLR: > 0 switches on the latent residual (paper: 1.0)
-dlr_scope = 'all'
+dlr_scope = 'all'  # DLR on 'all' seven projections, or only 'attn' or 'mlp'
 mlp = 'swiglu'  # or 'elas': squared-ReLU MLP with 2:4 activation sparsity
 projection = 'cola'  # or a method of methods/: 'tsvd', 'low-rank', 'sltrain', 'relora' (rank = its rank)
-sltrain_delta = 0.03
-sltrain_alpha = 32.0
-relora_alpha = 32.0
-relora_dropout = 0.0
-norm_eps = 1e-6
-rope_theta = 10000.0
+sltrain_delta = 0.03  # SLTrain: the sparse part's density
+sltrain_alpha = 32.0  # SLTrain: the low-rank part's scale is alpha / rank
+relora_alpha = 32.0  # ReLoRA: the LoRA branch's scale is alpha / rank
+relora_dropout = 0.0  # ReLoRA: dropout on the LoRA branch's input (official 0.1)
+norm_eps = 1e-6  # RMSNorm's epsilon
+rope_theta = 10000.0  # RoPE's base
 checkpointing = 'none'  # or 'full' (whole blocks recomputed), or 'cola-m' (CoLA-M)
-fused_cola = True
+fused_cola = True  # CoLA's up-projections through kernels.py's op (keeps z, not silu(z)); False: eager PyTorch
 # optimizer: AdamW, or GaLore / Fira (methods/galore.py); linear warmup then cosine decay to min_lr
 optimizer = 'adamw'  # 'adamw', or 'galore' / 'fira' on a full-rank model (rank=0): projected gradients
 galore_rank = 128  # GaLore / Fira: the projection's rank (the official 60m scripts' 128)
 galore_update_interval = 200  # GaLore / Fira: a new projector every this many steps (T)
 galore_scale = 0.25  # GaLore's scale, Fira's alpha
-learning_rate = 6e-3
-min_lr = 6e-4
-max_iters = 10000
-lr_decay_iters = 10000
-warmup_iters = 2000
-weight_decay = 0.01
-beta1 = 0.9
-beta2 = 0.999
-grad_clip = 0.5
+learning_rate = 6e-3  # the peak learning rate
+min_lr = 6e-4  # the learning rate at the end of the cosine (and after it)
+max_iters = 10000  # optimizer steps in the run
+lr_decay_iters = 10000  # the step where the cosine reaches min_lr (usually max_iters)
+warmup_iters = 2000  # steps of linear warm-up to learning_rate
+weight_decay = 0.01  # AdamW's decoupled weight decay (matrices only)
+beta1 = 0.9  # AdamW's beta1
+beta2 = 0.999  # AdamW's beta2
+grad_clip = 0.5  # clip the gradients' global norm to this (0: off)
 elas_warmup_iters = 1000  # ELAS: dense steps before 2:4 sparsity switches on (the paper's 1000 of 10,000)
 tsvd_interval = 1000  # TSVD: adapt the ranks every this many steps
 tsvd_energy = 0.98  # TSVD: each layer keeps the smallest rank holding this fraction of its spectrum's energy
-tsvd_min_rank = 16
+tsvd_min_rank = 16  # TSVD: no layer's rank goes below this
 relora_interval = 1000  # ReLoRA: merge and restart every this many steps (the comparisons' 1000 of 10,000)
 relora_restart_warmup = 100  # ReLoRA: steps of linear re-warm-up after each merge
 relora_prune = 0.99  # ReLoRA: the fraction of the factors' Adam moments zeroed at each merge ...
 relora_prune_kind = 'random'  # ... at random, or 'magnitude' (the smallest)
 relora_warm_start = ''  # ReLoRA: a full-rank run's out_dir whose weights W start from ('' = from scratch)
 # system
-device = 'cuda' if torch.cuda.is_available() else 'cpu'
+device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda' or 'cuda:N'
 dtype = 'bfloat16' if torch.cuda.is_available() else 'float32'  # 'float32' or 'bfloat16'
-compile_model = torch.cuda.is_available()
+compile_model = torch.cuda.is_available()  # torch.compile the model (default on a GPU)
 parallel = 'ddp'  # 'ddp' (full replica per GPU) or 'fsdp' (FSDP2: parameters, grads, AdamW states sharded)
 dist_timeout_s = 600  # a process that waits longer than this for the others stops the run
 seed = 1337  # the model's init and the order of the training sequences
@@ -146,6 +146,9 @@ if distributed:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ['LOCAL_WORLD_SIZE'])))
 else:
     rank_id, world_size = 0, 1
+    if parallel == 'fsdp':  # (config/cola_1b.py on one GPU) one process has nothing to shard with
+        print("parallel='fsdp' needs torchrun's processes to shard over: training on one process, unsharded")
+        parallel = config['parallel'] = 'ddp'
 master = rank_id == 0
 device_type = 'cuda' if device.startswith('cuda') else 'cpu'
 torch.manual_seed(seed)
@@ -268,8 +271,20 @@ else:  # the weights as they were (TSVD: at the ranks the run had reached), run 
 method = ({'galore': 'GaLore', 'fira': 'Fira'}.get(optimizer) or 'full-rank' if rank == 0 else {
     'tsvd': 'TSVD', 'low-rank': 'Low-Rank', 'sltrain': 'SLTrain', 'relora': 'ReLoRA'}.get(projection, 'CoLA')) + (
     '-M' if checkpointing == 'cola-m' else '') + (' + DLR' if dlr_alpha > 0 else '') + (' + ELAS' if mlp == 'elas' else '')
-log(f"training {method}: {raw_model.num_params() / 1e6:.2f}M non-embedding parameters ({raw_model.num_params(False) / 1e6:.2f}M in all), "
-    f"{tokens_per_step:,} tokens per step = {batch_size} x {block_size} x {gradient_accumulation_steps} x {world_size}")
+frozen = sum(p.numel() for p in raw_model.parameters() if not p.requires_grad)  # ReLoRA's W
+setup = {  # what the method is configured to do, in its own terms
+    'GaLore': f"gradients projected to rank {galore_rank}, the projector refreshed every {galore_update_interval} steps, scale {galore_scale}",
+    'Fira': f"gradients projected to rank {galore_rank}, the projector refreshed every {galore_update_interval} steps, alpha {galore_scale}",
+    'ReLoRA': f"rank {rank}; of the parameters below {(raw_model.num_params() - frozen) / 1e6:.2f}M are trained, {frozen / 1e6:.2f}M frozen (W); "
+              f"merged every {relora_interval} steps with a {relora_restart_warmup}-step re-warm-up",
+    'SLTrain': f"rank {rank} plus a sparse part of density {sltrain_delta}",
+    'TSVD': f"start rank {rank}, ranks adapted every {tsvd_interval} steps to {tsvd_energy:.0%} of the energy",
+    'Low-Rank': f"rank {rank}",
+}.get(method.split()[0].removesuffix('-M'), f"rank {rank}" if rank else '')
+setup += f", 2:4 sparsity after {elas_warmup_iters} dense steps" if mlp == 'elas' else ''
+log(f"training {method}" + (f" ({setup})" if setup else '') + f": {raw_model.num_params() / 1e6:.2f}M non-embedding "
+    f"parameters ({raw_model.num_params(False) / 1e6:.2f}M in all), {tokens_per_step:,} tokens per step = "
+    f"{batch_size} x {block_size} x {gradient_accumulation_steps} x {world_size}")
 
 autocast = nullcontext()
 if parallel == 'fsdp':  # each block, then the rest, sharded; on CUDA bf16 compute with fp32 master weights
@@ -440,9 +455,32 @@ signal.signal(signal.SIGINT, request_stop)
 start_iter = timed_from = iter_num  # timed_from: the step where the current timing started
 trained_s = 0.0  # seconds spent in training steps (evaluations left out), for the ETA
 fastest_dt, slow_told = float('inf'), False  # for the one hint that the cores are busy elsewhere
+# Schedules set in steps that do not fit this run's max_iters (a shortened run, say): one line each, with the fix.
+# compare.py scales them to each run itself; train.py keeps what it was told and says so.
+schedule_misfits = []
 if warmup_iters > max_iters:
-    log(f"warmup_iters={warmup_iters} is more than max_iters={max_iters}: the learning rate never reaches its peak "
-        f"learning_rate={learning_rate:g} (it ends at {get_lr(max_iters - 1):.2e})")
+    schedule_misfits.append(f"warmup_iters={warmup_iters}: the learning rate never reaches learning_rate={learning_rate:g} "
+                            f"(it ends at {get_lr(max_iters - 1):.2e}); set --warmup_iters={max_iters // 10}")
+elif lr_decay_iters > max_iters:
+    schedule_misfits.append(f"lr_decay_iters={lr_decay_iters}: the cosine ends at {get_lr(max_iters - 1):.2e}, not "
+                            f"min_lr={min_lr:g}; set --lr_decay_iters={max_iters}")
+if config['optimizer'] != 'adamw' and galore_update_interval >= max_iters:
+    schedule_misfits.append(f"galore_update_interval={galore_update_interval}: the projector is never refreshed; "
+                            f"set --galore_update_interval={max(1, max_iters // 50)} (the official 200 of 10,000 steps)")
+if projection == 'relora' and relora_interval >= max_iters:
+    schedule_misfits.append(f"relora_interval={relora_interval}: ReLoRA never merges; set --relora_interval={max(1, max_iters // 10)} "
+                            f"(the comparisons' 1,000 of 10,000 steps)")
+if projection == 'relora' and relora_restart_warmup >= relora_interval:
+    schedule_misfits.append(f"relora_restart_warmup={relora_restart_warmup} is not shorter than relora_interval={relora_interval}: "
+                            f"after the first merge the learning rate never climbs back; set "
+                            f"--relora_restart_warmup={relora_interval // 10} (the official 100 of 1,000)")
+if projection == 'tsvd' and tsvd_interval >= max_iters:
+    schedule_misfits.append(f"tsvd_interval={tsvd_interval}: TSVD never adapts its ranks; set --tsvd_interval={max(1, max_iters // 10)}")
+if mlp == 'elas' and elas_warmup_iters >= max_iters:
+    schedule_misfits.append(f"elas_warmup_iters={elas_warmup_iters}: ELAS's 2:4 sparsity never switches on; set "
+                            f"--elas_warmup_iters={max_iters // 10} (the paper's 1,000 of 10,000 steps)")
+for misfit in schedule_misfits:
+    log(f"max_iters={max_iters} and {misfit}")
 process_start = t0 = time.time()
 x, y = train_batch(data_position, 0)  # the first micro-batch; each next one loads while the current one computes
 while True:

@@ -12,3 +12,7 @@ warmup_iters = 30
 eval_interval, eval_tokens, log_interval = 100, 32768, 10
 device, dtype, compile_model = 'cpu', 'float32', False
 tsvd_interval = 30  # with --projection=tsvd: new ranks every 10% of the steps
+# With a method's flag, its own schedules at the share of the run that the official 10,000-step ones take:
+galore_rank, galore_update_interval = 64, 6  # --optimizer=galore/fira: rank d/4 as the study's, T 200 of 10,000
+relora_interval, relora_restart_warmup = 30, 3  # --projection=relora: 1,000 and 100 of 10,000
+elas_warmup_iters = 30  # --mlp=elas: dense for the paper's 1,000 of 10,000 steps

@@ -85,6 +85,11 @@ def test_evaluate_py_scores_the_built_in_tasks_and_the_four_published_formats(tr
     assert set(scores) == {'next_passage', 'last_word', 'hellaswag', 'arc_easy', 'arc_challenge', 'piqa', 'lambada'}
     assert scores['next_passage']['items'] == 20 and scores['arc_easy']['items'] == 2 and scores['lambada']['items'] == 1
     assert all(0 <= s['acc'] <= 1 for s in scores.values()) and '| hellaswag | 1 |' in r.stdout
+    # each task's chance level beside its score (write_published_formats: ARC 3 choices, PIQA 2, HellaSwag 4)
+    assert scores['next_passage']['chance'] == scores['hellaswag']['chance'] == 0.25
+    assert scores['arc_easy']['chance'] == pytest.approx(1 / 3)
+    assert scores['piqa']['chance'] == 0.5 and scores['lambada']['chance'] == 0
+    assert r.stderr.startswith('scoring ev/ckpt.pt: the state after iter 3 of 3')  # which checkpoint was read
     again = run(trained, 'evaluate.py', '--out_dir=ev', '--items=20', '--context_tokens=16', '--choice_tokens=8', '--as_json')
     assert json.loads(again.stdout)['scores']['next_passage'] == scores['next_passage']  # the same items, the same score
 

@@ -46,7 +46,7 @@ def check_against_reference(lead, d_in, r, d_out, dtype, device='cpu'):
 
 @pytest.mark.triton
 @pytest.mark.parametrize('lead,d_in,r,d_out', [((37,), 75, 19, 51), ((3, 13), 75, 19, 51), ((70,), 33, 65, 130)])
-@pytest.mark.parametrize('dtype', [torch.float32, torch.float16])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float16, torch.bfloat16])  # the elementwise pass: bf16 too
 def test_fused_op_and_gradients_match_float64_reference(lead, d_in, r, d_out, dtype):
     check_against_reference(lead, d_in, r, d_out, dtype)
 
@@ -122,4 +122,4 @@ def test_cuda_kernels_match_reference(dtype):
 def test_the_kernel_benchmark_says_it_needs_a_gpu():
     if torch.cuda.is_available():
         pytest.skip('this machine has a GPU')
-    refused(run(ROOT, 'kernels.py', check=False), 'benchmarks the Triton kernels on a CUDA GPU, and this machine has none')
+    refused(run(ROOT, 'kernels.py', check=False), 'benchmarks the fused op on a CUDA GPU, and this machine has none')

@@ -6,7 +6,7 @@ import os
 import py_compile
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, run
 
 SCRIPTS = {'train', 'prepare', 'sample', 'bench', 'compare', 'analyze'}  # run by users, imported by no one
 
@@ -66,3 +66,8 @@ def test_a_methods_internals_appear_only_in_its_own_file(name, home):
 @pytest.mark.parametrize('path', sorted(glob.glob(os.path.join(ROOT, 'config', '*.py'))), ids=os.path.basename)
 def test_every_config_file_compiles_as_python(path, tmp_path):
     py_compile.compile(path, cfile=str(tmp_path / 'out.pyc'), doraise=True)  # e.g. no PEP 263 look-alike on line 1 or 2
+
+
+def test_the_kernel_benchmark_has_help_without_a_gpu():
+    out = run(ROOT, 'kernels.py', '--help').stdout
+    assert 'silu(z) @ B' in out and 'usage: python kernels.py' in out

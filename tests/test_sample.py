@@ -74,6 +74,7 @@ def test_sample_py_end_to_end_on_a_tiny_training_run(tmp_path):
     r = run(tmp_path, 'sample.py', '--out_dir=out', '--start=FILE:prompt.txt', '--num_samples=2', '--max_new_tokens=20',
             '--device=cpu', '--dtype=float32')
     samples = r.stdout.split('---------------\n')
+    assert r.stderr.startswith("sampling from out/ckpt.pt: the state after iter 30 of 30 (the run's best validation loss")
     assert len(samples) == 3 and all(s.startswith('to be or') for s in samples[:2])
     (tmp_path / 'empty.txt').write_text('')
     refused(run(tmp_path, 'sample.py', '--out_dir=out', '--start=FILE:empty.txt', '--device=cpu', check=False),

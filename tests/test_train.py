@@ -15,10 +15,29 @@ from shards import write_shard
 
 
 def test_tiny_run_loss_falls(data):
-    run(data, 'train.py', *TINY, '--data_dir=data', '--out_dir=falls', '--max_iters=40', '--eval_interval=20')
+    out = run(data, 'train.py', *TINY, '--data_dir=data', '--out_dir=falls', '--max_iters=40', '--eval_interval=20').stdout
+    assert 'max_iters=40 and' not in out  # its schedules fit: no warning
     losses, val = train_log(data / 'falls')
     assert losses[40] < losses[1] - 1.0 and val[40] < val[0] - 1.0
     assert os.path.exists(data / 'falls' / 'ckpt.pt') and os.path.exists(data / 'falls' / 'best.pt')
+
+
+@pytest.mark.parametrize('method,misfits', [
+    (['--projection=tsvd', '--mlp=elas'], ['warmup_iters=5: the learning rate never reaches', '--warmup_iters=0',
+                                           'tsvd_interval=1000: TSVD never adapts', '--tsvd_interval=1',
+                                           "elas_warmup_iters=1000: ELAS's 2:4 sparsity never", '--elas_warmup_iters=0']),
+    (['--projection=relora', '--relora_interval=10', '--warmup_iters=0'],
+     ['lr_decay_iters=40: the cosine ends at', '--lr_decay_iters=2', 'relora_interval=10: ReLoRA never merges',
+      'relora_restart_warmup=100 is not shorter than relora_interval=10', '--relora_restart_warmup=1']),
+    (['--rank=0', '--optimizer=galore', '--warmup_iters=0'],
+     ['galore_update_interval=200: the projector is never refreshed', '--galore_update_interval=1']),
+], ids=['tsvd-elas', 'relora', 'galore'])
+def test_a_shortened_run_names_each_schedule_that_no_longer_fits_and_its_fix(data, method, misfits):
+    out = run(data, 'train.py', *TINY, *method, '--data_dir=data', f'--out_dir=short{len(misfits)}', '--max_iters=2',
+              '--eval_tokens=128').stdout
+    lines = [line for line in out.splitlines() if line.startswith('max_iters=2 and ')]
+    for misfit in misfits:
+        assert any(misfit in line for line in lines), (misfit, out)
 
 
 def test_resume_gives_exactly_the_losses_of_an_uninterrupted_run(data):
@@ -263,19 +282,22 @@ def test_a_stalled_process_stops_a_distributed_run_after_dist_timeout_s(data):
 
 @pytest.mark.parametrize('script,setting', [('train.py', '--learning_rate=0.006'), ('prepare.py', "--encoding='gpt2'"),
                                             ('sample.py', '--top_k=200'), ('bench.py', '--seq_len=256'),
-                                            ('compare.py', "--seeds=(1, 2, 3)"), ('analyze.py', '--directions=5')])
-def test_help_prints_the_docstring_and_every_setting_with_its_default(tmp_path, script, setting):
+                                            ('compare.py', "--seeds=(1, 2, 3)"), ('analyze.py', '--directions=5'),
+                                            ('evaluate.py', '--items=200')])
+def test_help_prints_the_docstring_and_every_setting_with_its_default_and_meaning(tmp_path, script, setting):
     r = run(tmp_path, script, '--help')
     first_line = open(os.path.join(ROOT, script)).read().split('"""')[1].strip().splitlines()[0]
-    assert r.stdout.startswith(first_line) and f'  {setting}\n' in r.stdout and r.stderr == ''
+    assert r.stdout.startswith(first_line) and f'  {setting}  ' in r.stdout and r.stderr == ''
+    for line in (line for line in r.stdout.splitlines() if line.startswith('  --')):  # '  --key=default  meaning'
+        assert line.strip().partition('  ')[2].strip(), f"{script} --help: {line.strip()} has no meaning"
 
 
 def test_the_first_line_names_the_method_and_the_last_says_where_the_checkpoint_is(data):
     r = run(data, 'train.py', *TINY, '--data_dir=data', '--out_dir=closing', '--max_iters=4', '--warmup_iters=10',
             '--checkpointing=cola-m', '--mlp=elas')
     lines = r.stdout.strip().splitlines()
-    assert lines[0].startswith('training CoLA-M + ELAS: ')
-    assert 'warmup_iters=10 is more than max_iters=4: the learning rate never reaches its peak learning_rate=0.003' in r.stdout
+    assert lines[0].startswith('training CoLA-M + ELAS (rank 16, 2:4 sparsity after 1000 dense steps): ')
+    assert 'max_iters=4 and warmup_iters=10: the learning rate never reaches learning_rate=0.003' in r.stdout
     assert lines[-1] == ('done: 4 steps, checkpoint in closing/ckpt.pt (best validation loss '
                          f"{train_log(data / 'closing')[1][4]:.4f} in closing/best.pt); generate text with: "
                          'python sample.py --out_dir=closing')
