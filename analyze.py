@@ -21,7 +21,9 @@ keep_checkpoints=True), on the first eval_tokens tokens of the validation split 
   the expected sharpness ES = mean over t > 0 of (L(t) + L(-t)) / 2 - L(0); and along each matrix's
   top-k singular directions s_k u_k v_k^T (all matrices at once, vectors and norms held still);
 - interpolation: the loss at (1 - a) theta_t + a theta_{t+1} between consecutive checkpoints, at
-  `alphas` points (ReLoRA: each checkpoint merged first), and the barrier max_a L(a) - (L(0) + L(1)) / 2;
+  `alphas` points (ReLoRA: each checkpoint merged first), and the barrier: the largest excess of L(a) over the
+  straight line from L(0) to L(1) (Beyond Perplexity's max_a L(a) - (L(0) + L(1)) / 2 is kept for two models
+  at the same step: --reference);
 - similarity to the reference run: per layer (after the embedding and after each block), linear CKA
   on column-centred hidden states, mean cosine and relative L2.
 Writes out_dir/analysis.json, out_dir/analysis.md and, with matplotlib, out_dir/landscape.png and
@@ -324,7 +326,8 @@ def analyze(run_dir, reference_hidden, reference_dense=None):
         raise SystemExit(f"no checkpoint {path}: analyze.py reads train.py's out_dir")
     model, checkpoint = load_run(path)
     loss_fn = Loss(run_data_dir(checkpoint, path), eval_tokens, model.config.block_size)
-    result = {'run': run_dir, 'iter': checkpoint['iter_num'], 'val_loss': loss_fn(model)}
+    result = {'run': run_dir, 'iter': checkpoint['iter_num'], 'val_loss': loss_fn(model),
+              'checkpoints': len(series(run_dir))}  # the trajectory's length: the metrics between checkpoints need 2
     scores = os.path.join(run_dir, 'evaluate.json')  # downstream scores, when evaluate.py has scored this checkpoint
     if os.path.exists(scores) and json.load(open(scores))['iter'] == checkpoint['iter_num']:
         result['downstream'] = {task: s['acc'] for task, s in json.load(open(scores))['scores'].items()}
@@ -434,10 +437,14 @@ def downstream_prediction(results):
 # ----------------------------------------------------------------------------- report
 
 def markdown(results):
-    """analysis.md: a table per kind of metric, a row per run (named by its folder); '-' where a metric was off
-    or does not apply."""
-    def cell(value, form='.3g'):
-        return '-' if value is None else f'{value:{form}}'
+    """analysis.md: a table per kind of metric, a row per run (named by its folder); where a cell is empty it
+    says why (the metric switched off, or what the run lacks)."""
+    def cell(value, form='.3g', why='off'):
+        return why if value is None else f'{value:{form}}'
+
+    def trajectory_why(switch, r):  # an empty cell of the metrics between consecutive checkpoints
+        return ('off' if not switch else 'no trajectory: train with keep_checkpoints=True' if r.get('checkpoints', 0) < 2
+                else 'checkpoints of other shapes')
 
     def name(r):
         return os.path.basename(os.path.normpath(r['run']))
@@ -451,12 +458,14 @@ def markdown(results):
     for r in results:
         land, barriers, imib = r.get('landscape'), [b['barrier'] for b in r.get('interpolation', [])], r.get('barrier_to_reference')
         lines.append(f"| {name(r)} | {r['iter']} | {r['val_loss']:.4f} | "
-                     + (f"{land['sharpness_mean']:.3g} ± {land['sharpness_std']:.2g}" if land else '-') + ' | '
+                     + (f"{land['sharpness_mean']:.3g} ± {land['sharpness_std']:.2g}" if land else 'off') + ' | '
                      + f"{cell(r['top_k'][0]['sharpness'] if r.get('top_k') else None)} | "
-                     + f"{cell(r.get('top_k_means', {}).get('top_5'))} | "
-                     + (f"{np.mean(barriers):.3g}, {max(barriers):.3g}" if barriers else '-') + ' | '
-                     + (f"{imib['barrier']:.3g}" if isinstance(imib, dict) else 'n/a (factors)' if imib else '-') + ' | '
-                     + (', '.join(f'{t} {a:.3f}' for t, a in r['downstream'].items()) if r.get('downstream') else '-') + ' |')
+                     + f"{cell(r.get('top_k_means', {}).get('top_5'), why='off' if not land else 'top_k < 5')} | "
+                     + (f"{np.mean(barriers):.3g}, {max(barriers):.3g}" if barriers else trajectory_why(interpolation, r)) + ' | '
+                     + (f"{imib['barrier']:.3g}" if isinstance(imib, dict) else 'n/a (factors)' if imib
+                        else 'off' if not interpolation else 'no --reference') + ' | '
+                     + (', '.join(f'{t} {a:.3f}' for t, a in r['downstream'].items()) if r.get('downstream')
+                        else 'no scores: run evaluate.py on it') + ' |')
     if any(r.get('weights') for r in results):
         lines += ['', 'Weight spectra (mean over the matrices trained; CoLA-style: the factors, their product A @ B apart) '
                   'and updates dW between consecutive checkpoints (first -> last):', '',
@@ -466,8 +475,9 @@ def markdown(results):
             w, product, steps = r.get('weights', {}), r.get('weights_product', {}), r.get('updates', [])
             lines.append(f"| {name(r)} | {cell(w.get('effective_rank'), '.1f')} | {cell(w.get('stable_rank'), '.2f')} | "
                          f"{cell(w.get('spectral_gap'), '.3f')} | {cell(w.get('above_0.1'), '.1f')} | "
-                         f"{cell(product.get('effective_rank'), '.1f')} | {first_to_last(steps, 'relative_norm', '.3f')} | "
-                         f"{first_to_last(steps, 'effective_rank', '.1f')} |")
+                         f"{cell(product.get('effective_rank'), '.1f', 'n/a (no factors)')} | "
+                         f"{first_to_last(steps, 'relative_norm', '.3f') or trajectory_why(updates, r)} | "
+                         f"{first_to_last(steps, 'effective_rank', '.1f') or trajectory_why(updates, r)} |")
     kinds = ['q', 'k', 'v', 'o', 'gate', 'up', 'down']
     if any(r.get('activations') for r in results):
         lines += ['', f"Activation ranks (CoLA's observation): per projection type, mean over layers, over "
@@ -478,10 +488,10 @@ def markdown(results):
         for r in results:
             a = r.get('activations', {})
             z = [a[k + ' z'] for k in kinds if k + ' z' in a]
-            lines.append(f"| {name(r)} | " + ' | '.join(f"{a[k]['rank_90']:.1f} / {a[k]['effective_rank']:.1f}" if k in a else '-'
-                                                         for k in kinds)
+            lines.append(f"| {name(r)} | " + ' | '.join(f"{a[k]['rank_90']:.1f} / {a[k]['effective_rank']:.1f}" if k in a
+                                                         else 'off' if not a else 'n/a (no such layer)' for k in kinds)
                          + (f" | {np.mean([s['rank_90'] for s in z]):.1f} / {np.mean([s['effective_rank'] for s in z]):.1f} |"
-                            if z else ' | - |'))
+                            if z else ' | off |' if not a else ' | n/a (no latent z) |'))
     if any(r.get('similarity') for r in results):
         layers = max(len(r.get('similarity') or []) for r in results)
         lines += ['', 'Linear CKA of the hidden states with the reference\'s, per layer (0: the embedding; last: after '
@@ -500,7 +510,7 @@ def markdown(results):
 
 
 def first_to_last(steps, key, form):
-    return f"{steps[0][key]:{form}} -> {steps[-1][key]:{form}}" if steps else '-'
+    return f"{steps[0][key]:{form}} -> {steps[-1][key]:{form}}" if steps else ''
 
 
 def widths(results, kinds):
@@ -541,12 +551,18 @@ def plots(results, folder):
         write_durably(os.path.join(folder, 'cka.png'), lambda f: fig.savefig(f, format='png', dpi=100))
 
 
-def write_results(results):
-    """analysis.json and analysis.md of the runs analysed so far, each written whole (temporary file, rename)."""
+def write_results(results, finished):
+    """analysis.json and analysis.md, each written whole (temporary file, rename). Until every run is analysed they
+    go to analysis.partial.json / .md, so that a rerun that fails partway leaves a complete earlier analysis as it
+    was, beside the runs it did finish."""
     os.makedirs(out_dir, exist_ok=True)
     report = {'runs': results, 'downstream_prediction': downstream_prediction(results)}
-    write_durably(os.path.join(out_dir, 'analysis.json'), lambda f: f.write(json.dumps(report, indent=1).encode()))
-    write_durably(os.path.join(out_dir, 'analysis.md'), lambda f: f.write((markdown(results) + '\n').encode()))
+    stem = os.path.join(out_dir, 'analysis' if finished else 'analysis.partial')
+    write_durably(stem + '.json', lambda f: f.write(json.dumps(report, indent=1).encode()))
+    write_durably(stem + '.md', lambda f: f.write((markdown(results) + '\n').encode()))
+    for partial in ('analysis.partial.json', 'analysis.partial.md'):
+        if finished and os.path.exists(os.path.join(out_dir, partial)):
+            os.remove(os.path.join(out_dir, partial))
 
 
 if __name__ == '__main__':
@@ -560,16 +576,21 @@ if __name__ == '__main__':
         if value < 1:
             raise SystemExit(f"{name}={value}: expected a positive number")
     # every run's checkpoint checked before the first is analysed: a bad one costs no finished work
-    encodings = {}
+    encodings, data_of = {}, {}
     for run_dir in runs.split(',') + ([reference] if reference and similarity else []):
         path = os.path.join(run_dir, 'ckpt.pt')
         if not os.path.exists(path):
             raise SystemExit(f"no checkpoint {path}: analyze.py reads train.py's out_dirs")
-        encodings[run_dir] = load_checkpoint(path)['encoding']
+        checkpoint = load_checkpoint(path)
+        encodings[run_dir], data_of[run_dir] = checkpoint['encoding'], checkpoint.get('data_splits')
     if reference and similarity and len(set(encodings.values())) > 1:
         other = next(r for r, e in encodings.items() if e != encodings[reference])
         raise SystemExit(f"{other} was trained on {encodings[other]!r} tokens and the reference {reference} on "
                          f"{encodings[reference]!r} tokens: their hidden states are not of the same tokens")
+    for run_dir in runs.split(','):  # the same encoding but other text: each run would be measured on its own
+        if reference and similarity and not data_dir and data_of[run_dir] != data_of[reference]:
+            raise SystemExit(f"{run_dir} and the reference {reference} were trained on different data: their hidden "
+                             f"states would be of different text; give --data_dir= to measure every run on the same tokens")
     torch.manual_seed(seed)
     reference_hidden = reference_dense = None
     if reference and similarity:  # the reference's hidden states on the same tokens
@@ -578,10 +599,12 @@ if __name__ == '__main__':
         reference_hidden = outputs(model, tokens[:max(1, activation_tokens // model.config.block_size)])[1]
         reference_dense = dense_state(model) if interpolation else None
     results = []
-    for run_dir in runs.split(','):
+    for i, run_dir in enumerate(runs.split(',')):
         print(f"analysing {run_dir} ...", flush=True)
         results.append(analyze(run_dir, reference_hidden, reference_dense))
-        write_results(results)  # each finished run's results kept, whatever happens to the next
-    print(markdown(results))
+        if i + 1 < len(runs.split(',')):
+            write_results(results, finished=False)  # each finished run's results kept, whatever happens to the next
     plots(results, out_dir)
+    write_results(results, finished=True)
+    print(markdown(results))
     print(f"wrote {out_dir}/analysis.json, analysis.md and the plots")

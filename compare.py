@@ -46,8 +46,8 @@ import time
 import torch
 
 from configurator import configure, public_settings
-from model import ModelConfig, Transformer
-from shards import write_durably
+from model import ModelConfig, Transformer, load_checkpoint
+from shards import open_to_append, write_durably
 
 # ----------------------------------------------------------------------------- config
 out_dir = 'out-compare'  # the study's folder: one sub-folder per run, compare.md, compare.png
@@ -144,7 +144,10 @@ def plan_run(name, method, lr, seed, steps):
                              f"{value!r}: give this study another out_dir (a run is reused only with its own settings)")
     here = os.path.dirname(os.path.abspath(__file__))
     commands = []
-    if not any(r.get('iter') == steps and 'val_loss' in r for r in records):
+    # finished when its final state is on disk (the checkpoint says so, not the log alone) and its final evaluation is
+    # recorded; else train.py resumes: it trains what the checkpoint lacks, or only evaluates a final one
+    final_saved = os.path.exists(checkpoint) and load_checkpoint(checkpoint)['iter_num'] == steps
+    if not (final_saved and any(r.get('iter') == steps and 'val_loss' in r for r in records)):
         start = ['--init_from=resume'] if os.path.exists(checkpoint) else ['--start_over=True'] if records else []
         launcher = [sys.executable] if nproc == 1 else [sys.executable, '-m', 'torch.distributed.run', '--standalone',
                                                          f'--nproc_per_node={nproc}']
@@ -162,16 +165,19 @@ def plan_run(name, method, lr, seed, steps):
 def run_all(plans):
     """Carry out the runs' commands, `jobs` runs at a time (each run's commands in order), each run's output going to
     its out_dir/output.txt; then return the runs' summaries in the order given."""
-    global runs_done
+    global runs_done, steps_left, steps_trained
     waiting, running = [p for p in plans if p[1]], {}  # running: process -> (name, commands left)
     runs_done += len(plans) - len(waiting)  # finished before: counted, not run again
+    steps_left -= sum(run_steps(name) for name, commands in plans if not commands)
     threads = str(max(1, (os.cpu_count() or 1) // jobs))  # the cores shared out, not oversubscribed
     while waiting or running:
         while waiting and len(running) < jobs:
             name, commands = waiting.pop(0)
             runs_done += 1
             what = 'training' if any(part.endswith('train.py') for part in commands[0]) else 'scoring'
-            print(f"run {runs_done} of {total_runs}, {name}: {what} ... (output: {out_dir}/{name}/output.txt)", flush=True)
+            eta = (time.time() - started) / steps_trained * steps_left if steps_trained else None  # from this invocation's pace
+            print(f"run {runs_done} of {total_runs}, {name}: {what} ... (output: {out_dir}/{name}/output.txt)"
+                  + (f"; the whole study about {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m more" if eta else ''), flush=True)
             running[launch(name, commands[0], threads)] = (name, commands[1:])
         time.sleep(0.2)
         for process, (name, commands) in list(running.items()):
@@ -185,6 +191,7 @@ def run_all(plans):
             if commands:
                 running[launch(name, commands[0], threads)] = (name, commands[1:])
             else:
+                steps_left, steps_trained = steps_left - run_steps(name), steps_trained + run_steps(name)
                 final = [r for r in read_log(os.path.join(out_dir, name, 'log.jsonl')) if 'val_loss' in r][-1]
                 print(f"{name}: done, val loss {final['val_loss']:.4f}", flush=True)
     results = []
@@ -209,10 +216,15 @@ def trained_and_held(run_dir):
                                    for t in state.values() if torch.is_tensor(t))}
 
 
+def run_steps(name):
+    """The steps a run trains: the sweep's are shorter."""
+    return plan['sweep_steps'] if name.startswith('sweep/') else max_iters
+
+
 def launch(name, command, threads):
     os.makedirs(os.path.join(out_dir, name), exist_ok=True)
     env = os.environ | ({'OMP_NUM_THREADS': threads} if jobs > 1 else {})
-    with open(os.path.join(out_dir, name, 'output.txt'), 'a') as output:  # the child keeps its own copy open
+    with open_to_append(os.path.join(out_dir, name, 'output.txt')) as output:  # the child keeps its own copy open
         return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent)
 
 
@@ -227,13 +239,15 @@ def die_with_parent():
 
 def read_log(path):
     """The records of a run's log.jsonl; where a run resumed, the records of the steps it redid replace
-    those of the run that stopped."""
-    records = []
+    those of the run that stopped, and elapsed_s counts on from where the stopped run's ended."""
+    records, offset, elapsed = [], 0.0, 0.0  # elapsed_s counts from each process's start: summed over the processes
     for record in map(json.loads, open(path)):
         if 'resumed_at' in record:
-            n = record['resumed_at']  # the resumed run evaluates at n again
+            n, offset = record['resumed_at'], elapsed  # the resumed run evaluates at n again
             records = [r for r in records if r.get('iter', -1) < n or (r.get('iter') == n and 'val_loss' not in r)]
         else:
+            if 'elapsed_s' in record:
+                record['elapsed_s'] = elapsed = record['elapsed_s'] + offset
             records.append(record)
     return records
 
@@ -290,8 +304,13 @@ def regime_text(plan):
             f"{plan['paper_tokens_per_full_param']:.0f} per non-embedding parameter. Rank = {plan['rank_ratio']:g} d; "
             f"warm-up {plan['warmup_iters']} of {max_iters} steps; ELAS dense for {plan['elas_warmup_iters']} steps; "
             f"TSVD adapts every {plan['tsvd_interval']} steps; GaLore and Fira refresh their projectors every "
-            f"{plan['galore_update_interval']} steps; ReLoRA merges every {plan['relora_interval']} steps; the sweep's "
-            f"runs: {plan['sweep_steps']} steps.")
+            f"{plan['galore_update_interval']} steps; ReLoRA merges every {plan['relora_interval']} steps"
+            + (f"; the sweep's runs: {plan['sweep_steps']} steps." if sweeping() else '; no sweep (every lr given).'))
+
+
+def sweeping():
+    """Whether any method's learning rate is left to the sweep (CoLA-M takes CoLA's)."""
+    return any(m not in dict(learning_rates) and not (m == 'cola-m' and 'cola' in methods) for m in methods)
 
 
 def markdown(plan, sweep, best_lrs, study):
@@ -307,8 +326,9 @@ def markdown(plan, sweep, best_lrs, study):
         for method, runs in sweep.items():
             lines.append(f'| {method} | ' + ' | '.join(f"{r['val_loss']:.4f}" for r in runs) + f' | {best_lrs[method]:g} |')
         lines.append('')
-    lines += [f'Each method at its best peak lr, {plural(len(seeds), "seed")} ({", ".join(map(str, seeds))}): mean ± standard '
-              'deviation over seeds; the gaps are to full-rank with the same seed.', '',
+    lines += [f'Each method at its best peak lr, {plural(len(seeds), "seed")} ({", ".join(map(str, seeds))})'
+              + (': mean ± standard deviation over seeds; ' if len(seeds) > 1 else '; ')
+              + 'the gaps are to full-rank with the same seed.', '',
               '| method | peak lr | val loss | gap at equal steps (%) | gap at equal FLOPs (%) | next passage acc | '
               'last word acc | params in all (M) | trained (M) | optimizer state (MB) | GFLOPs/token | TFLOPs spent | '
               'tokens/s | wall time (s) |', '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
@@ -413,6 +433,9 @@ if __name__ == '__main__':
     best_lrs = dict(learning_rates)
     swept = [m for m in methods if m not in best_lrs and not (m == 'cola-m' and 'cola' in methods)]
     runs_done, total_runs = 0, len(swept) * len(sweep_lrs) + len(methods) * len(seeds)
+    # for the ETA: the steps still to train (finished runs are taken off as they are found), and this invocation's pace
+    steps_left = len(swept) * len(sweep_lrs) * plan['sweep_steps'] + len(methods) * len(seeds) * max_iters
+    steps_trained, started = 0, time.time()
     swept_runs = run_all([plan_run(f'sweep/{m}-lr{lr:g}', m, lr, seeds[0], plan['sweep_steps']) for m in swept for lr in sweep_lrs])
     sweep = {m: swept_runs[i * len(sweep_lrs):(i + 1) * len(sweep_lrs)] for i, m in enumerate(swept)}
     best_lrs |= {m: min(runs, key=lambda r: r['val_loss'])['lr'] for m, runs in sweep.items()}

@@ -120,7 +120,13 @@ def hellaswag_examples(path):
     out = []
     for i, r in enumerate(read_jsonl(path)):
         context = field(path, i, r, 'activity_label') + ': ' + field(path, i, r, 'ctx_a') + ' ' + field(path, i, r, 'ctx_b').capitalize()
-        out.append((clean(context), [' ' + clean(e) for e in field(path, i, r, 'endings')], int(field(path, i, r, 'label'))))
+        endings, label = field(path, i, r, 'endings'), field(path, i, r, 'label')
+        if not (isinstance(endings, list) and len(endings) >= 2 and all(isinstance(e, str) for e in endings)):
+            raise SystemExit(f"{path}:{i + 1}: 'endings' is {type(endings).__name__} {str(endings)[:40]!r}: expected a list "
+                             f"of 2 or more strings (the published format)")
+        if str(label).lstrip('-').isdigit() is False or not 0 <= int(label) < len(endings):
+            raise SystemExit(f"{path}:{i + 1}: 'label' is {label!r}: expected the index of one of its {len(endings)} endings")
+        out.append((clean(context), [' ' + clean(e) for e in endings], int(label)))
     return out
 
 

@@ -200,7 +200,7 @@ def open_out_dir(settings):
         made.append(folder)
         folder = os.path.dirname(folder)
     try:
-        os.makedirs(out_dir)
+        os.makedirs(out_dir, exist_ok=True)  # an empty folder made beforehand is fine
     except OSError as e:
         raise SystemExit(f"out_dir={out_dir!r} cannot be created ({e.strerror})") from None
     finally:
@@ -220,6 +220,10 @@ def prepare():
         train = [f'en/c4-train.{i:05d}-of-01024.json.gz' for i in range(train_shards)]
     else:
         train, val = local_files(input_files), local_files(val_files) if val_files else None
+        both = [f for f in train if os.path.realpath(f) in {os.path.realpath(v) for v in val or []}]
+        if both:
+            raise SystemExit(f"{both[0]} is both a training file (input_files) and a validation file (val_files): the "
+                             f"validation loss would be measured on text the model trains on; give disjoint globs")
     settings = {'encoding': encoding, 'c4_path': None if input_files else c4_path, 'train_files': train,
                 'val_files': val, 'val_tokens': None if val else val_tokens}
     meta = open_out_dir(settings)  # before the encoding loads: a folder made otherwise is refused offline too

@@ -11,6 +11,8 @@ import glob
 import json
 import os
 import re
+import shutil
+import tempfile
 
 import numpy as np
 
@@ -18,29 +20,62 @@ MAGIC, VERSION, HEADER_INTS = 0x436F4C41, 1, 256  # MAGIC spells 'CoLA'
 
 
 def write_durably(path, write):
-    """write(f) into path atomically and durably: into a temporary file of this process's own,
-    flushed to disk, then renamed into place and the rename flushed too (power cuts included). A
-    failure (a full disk) removes the temporary file and leaves the previous path as it was, in one
-    line; temporary files that killed processes left next to path are removed first."""
-    for stale in glob.glob(glob.escape(path) + '.tmp*'):
-        pid = stale.rsplit('.tmp', 1)[1]
-        if pid.isdigit() and not process_alive(int(pid)):
-            os.remove(stale)
-    tmp = f'{path}.tmp{os.getpid()}'
+    """write(f) into path atomically and durably: into a temporary file of a name no one can predict, created
+    exclusively (so never through a link planted in its place), flushed to disk, then renamed into place and the
+    rename flushed too (power cuts included). Whatever fails inside (a full disk: OSError, or torch.save's
+    RuntimeError), the temporary file is removed, the previous path stays as it was, and the error is one line."""
+    folder, name = os.path.split(path)
+    folder = folder or '.'
+    remove_stale_temporaries(folder)
     try:
-        with open(tmp, 'wb') as f:
+        fd, tmp = tempfile.mkstemp(prefix=f'.{name}.tmp{os.getpid()}.', dir=folder)
+    except OSError as e:
+        raise SystemExit(f"could not write {path} ({e.strerror}); nothing was written") from None
+    try:
+        with os.fdopen(fd, 'wb') as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # replaces a link at path itself, never what it points to
+    except BaseException as e:
+        os.remove(tmp)
+        if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit: as they were, the temporary file gone
+            raise
+        kept = f'the previous {name} is unchanged' if os.path.exists(path) else 'nothing was written'
+        raise SystemExit(f"could not write {path} ({write_failure(e, folder)}); {kept}") from None
+    directory = os.open(folder, os.O_RDONLY)
+    os.fsync(directory)
+    os.close(directory)
+
+
+def write_failure(error, folder):
+    """Why a write failed, in a few words: the OS's reason, or for a library's own error (torch.save reports a full
+    disk as a RuntimeError) the free space, else the error's first line."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    if shutil.disk_usage(folder).free < 1 << 20:
+        return 'no space left on the device'
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ''
+    return f'{type(error).__name__}: {first[:160]}' if first else type(error).__name__
+
+
+def remove_stale_temporaries(folder):
+    """Remove the temporary files (.NAME.tmpPID.XXXX) that killed processes left in folder."""
+    for stale in glob.glob(os.path.join(glob.escape(folder), '.*.tmp*')):
+        pid = re.search(r'\.tmp(\d+)\.[^.]+$', stale)
+        if pid and not os.path.islink(stale) and not process_alive(int(pid.group(1))):
+            os.remove(stale)
+
+
+def open_to_append(path, mode='a'):
+    """path opened for appending text (a log; mode 'a+' to read it too), refused in one line if it is a link: no
+    write of ours goes where a link planted in an output folder points."""
+    try:
+        fd = os.open(path, (os.O_RDWR if '+' in mode else os.O_WRONLY) | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise SystemExit(f"could not write {path} ({e.strerror or type(e).__name__}); "
-                         f"{'the previous ' + os.path.basename(path) + ' is unchanged' if os.path.exists(path) else 'nothing was written'}") from None
-    folder = os.open(os.path.dirname(path) or '.', os.O_RDONLY)
-    os.fsync(folder)
-    os.close(folder)
+        why = 'it is a symbolic link' if os.path.islink(path) else e.strerror
+        raise SystemExit(f"could not open {path} ({why}): remove it, or use another folder") from None
+    return os.fdopen(fd, mode)
 
 
 def process_alive(pid):

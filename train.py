@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from configurator import configure, public_settings
 from methods import elas, galore, relora, tsvd
 from model import ModelConfig, Transformer, load_checkpoint, model_from_checkpoint
-from shards import load_meta, read_shard, shard_path, write_durably
+from shards import load_meta, open_to_append, read_shard, remove_stale_temporaries, shard_path, write_durably
 
 # ----------------------------------------------------------------------------- config
 # I/O
@@ -304,7 +304,19 @@ else:  # GaLore / Fira: the published packages' parameter groups
                                        galore_rank, galore_update_interval, galore_scale)
 iter_num, best_val_loss, data_position, flops_spent = 0, float('inf'), 0, 0  # data_position: the next train sequence
 if checkpoint is not None:
+    saved = checkpoint['config']
+    for key in ('optimizer', 'galore_rank') if config['optimizer'] != 'adamw' else ('optimizer',):  # the state's shapes
+        if saved.get(key, config[key]) != config[key]:
+            raise SystemExit(f"{key}={config[key]!r} differs from the checkpoint's {key}={saved[key]!r}, which its "
+                             f"optimizer state is made for: resume with --{key}={saved[key]!r}, or train into another out_dir")
+    chosen = [{k: v for k, v in group.items() if k != 'params'} for group in optimizer.param_groups]
     set_optimizer_state_dict(raw_model, optimizer, checkpoint['optimizer'], options=StateDictOptions(full_state_dict=True))
+    for group, settings in zip(optimizer.param_groups, chosen):  # this run's settings, not the saved groups' own
+        group.update(settings)
+    changed = [f"{k} {saved[k]!r} -> {config[k]!r}" for k in ('weight_decay', 'beta1', 'beta2', 'grad_clip', 'galore_scale',
+                                                               'galore_update_interval') if k in saved and saved[k] != config[k]]
+    if changed:
+        log(f"resuming with changed settings, applied from here on: {', '.join(changed)}")
     iter_num, best_val_loss, data_position = checkpoint['iter_num'], checkpoint['best_val_loss'], checkpoint['data_position']
     flops_spent = checkpoint['flops_spent']
     torch.set_rng_state(checkpoint['rng']['cpu'])
@@ -393,7 +405,7 @@ if master:
     try:
         os.makedirs(out_dir, exist_ok=True)
         # One run at a time in out_dir: the lock is the kernel's, released when this process ends, however it ends.
-        lock_file = open(os.path.join(out_dir, 'train.lock'), 'a+')
+        lock_file = open_to_append(os.path.join(out_dir, 'train.lock'), 'a+')
     except OSError as e:
         raise SystemExit(f"out_dir={out_dir!r} cannot be written ({e.strerror}): use a writable folder") from None
     try:
@@ -405,7 +417,7 @@ if master:
     lock_file.truncate(0)
     lock_file.write(str(os.getpid()))
     lock_file.flush()
-    earlier_run = sorted(f for f in os.listdir(out_dir) if f in ('ckpt.pt', 'best.pt', 'log.jsonl')
+    earlier_run = sorted(f for f in os.listdir(out_dir) if f in ('ckpt.pt', 'best.pt', 'log.jsonl', 'evaluate.json')
                          or re.fullmatch(r'ckpt_\d+\.pt', f))
     if init_from == 'scratch' and earlier_run:
         if not start_over:
@@ -413,7 +425,8 @@ if master:
                              f"--init_from=resume, train into another out_dir, or delete it with --start_over=True")
         for f in earlier_run:
             os.remove(os.path.join(out_dir, f))
-    log_file = open(os.path.join(out_dir, 'log.jsonl'), 'a')
+    remove_stale_temporaries(out_dir)  # what a killed run was writing when it died
+    log_file = open_to_append(os.path.join(out_dir, 'log.jsonl'))
     log_file.write(json.dumps({'config': config, 'model_config': vars(model_config), 'tokens_per_step': tokens_per_step,
                                'flops_per_token': raw_model.flops_per_token(block_size, batch_size),
                                'model_params': raw_model.num_params(False)}) + '\n')
@@ -496,7 +509,6 @@ while True:
         val_loss = evaluate()
         stop_if_not_finite(val_loss, 'the validation loss')
         log(f"iter {iter_num}: val loss {val_loss:.4f}, perplexity {math.exp(min(val_loss, 50)):.2f}")
-        record({'iter': iter_num, 'val_loss': val_loss, 'val_ppl': math.exp(min(val_loss, 50))})
         if iter_num > start_iter:
             if keep_checkpoints:  # (not at iter 0: saving AdamW's state before its first step would start it)
                 save_checkpoint(os.path.join(out_dir, f'ckpt_{iter_num}.pt'))
@@ -506,6 +518,8 @@ while True:
                     save_checkpoint(os.path.join(out_dir, 'best.pt'))
             if always_save_checkpoint or iter_num >= max_iters:
                 save_checkpoint(checkpoint_path)
+        # recorded once its checkpoints are on disk: a log never holds a result whose state was not saved
+        record({'iter': iter_num, 'val_loss': val_loss, 'val_ppl': math.exp(min(val_loss, 50))})
         t0, timed_from = time.time(), iter_num  # leave the evaluation out of the step times
     if iter_num >= max_iters:
         break

@@ -4,6 +4,7 @@
 # tokens per run: 200 steps x 16 sequences x 256 tokens = 0.8M, 2.1 per full-rank non-embedding parameter
 out_dir = 'out-compare-quick'
 max_iters = 200
+eval_interval = 25  # 9 points on each curve of the plot
 eval_tokens = 32768
 downstream_items = 100
 seeds = (1,)

@@ -2,8 +2,8 @@
 ELAS: a squared-ReLU MLP whose hidden activation is 2:4 sparse.
 
 "ELAS: Efficient Pre-Training of Low-Rank LLMs via 2:4 Activation Sparsity" (arXiv 2605.03667). No
-official code was found; this follows the first author's development code as ../shared/papers.md
-records it. SwiGLU's MLP, down(silu(gate(x)) * up(x)), becomes
+official code was found; this follows the first author's development code (github JiaxiLi1/Lora-init,
+which predates the paper). SwiGLU's MLP, down(silu(gate(x)) * up(x)), becomes
 
     h = relu(up(x))^2              (..., f'),  f' = int(1.5 f) rounded down to a multiple of 4
     y = down(sparsify24(h))        in each group of 4 hidden features only the 2 largest survive

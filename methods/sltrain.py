@@ -11,7 +11,8 @@ y = x W^T):
        values a 1-D parameter, uniform(+-1/sqrt(d_in))
 
 Linear, no activation. Defaults of the 60m script: delta 0.03, alpha 32 (alpha / r is the scale). The
-parameters are what they are: r (d_in + d_out) + nnz per projection.
+parameters are what they are: r (d_in + d_out) + nnz per projection. Ours: weight decay applies to A and B,
+not to S's values (a 1-D parameter, so in train.py's no-decay group).
 
 How to compute it (ours, measured: docs/methods.md): like the official code we rebuild the dense W in
 every forward and run one dense matmul, rather than a low-rank product plus a sparse product: on the CPU

@@ -165,3 +165,14 @@ def test_downstream_prediction_shows_when_geometry_explains_what_the_loss_does_n
     p = downstream_prediction(results)['task']
     assert p['runs'] == 12 and p['error_loss_and_geometry'] < 1e-9 < p['error_loss_only']
     assert downstream_prediction(results[:5]) is None  # too few runs to say
+
+
+def test_an_empty_cell_of_the_report_says_why():
+    import analyze
+    bare = {'run': 'out/plain', 'iter': 10, 'val_loss': 2.0, 'checkpoints': 0,
+            'weights': {'effective_rank': 5.0, 'stable_rank': 2.0, 'spectral_gap': 0.1, 'above_0.1': 3.0}}
+    report = analyze.markdown([bare])
+    assert '| plain | 10 | 2.0000 | off | off | off | no trajectory: train with keep_checkpoints=True | no --reference | ' \
+           'no scores: run evaluate.py on it |' in report
+    assert '| n/a (no factors) | no trajectory: train with keep_checkpoints=True |' in report
+    assert ' - ' not in report and '| - |' not in report

@@ -25,6 +25,7 @@ def test_compare_sweeps_then_runs_every_method_per_seed_and_its_table_comes_from
     r = run(tmp_path, 'compare.py', *args)
     # only CoLA is swept (CoLA-M takes its lr), at half the steps; then 4 methods x 2 seeds
     assert 'run 1 of 10, sweep/cola-lr0.003: training' in r.stdout and 'run 10 of 10, relora-seed2' in r.stdout
+    assert 'm more' in r.stdout.split('run 10 of 10')[1].splitlines()[0]  # the whole study's ETA, once a run has finished
     assert 'iter 5: val loss' in (tmp_path / 'cmp' / 'sweep' / 'cola-lr0.003' / 'output.txt').read_text()  # each run's own output
     sweep = {lr: read_log(tmp_path / 'cmp' / 'sweep' / f'cola-lr{lr:g}' / 'log.jsonl') for lr in (3e-3, 1e-2)}
     assert all(log[0]['config']['max_iters'] == 5 and log[0]['config']['seed'] == 1 for log in sweep.values())
@@ -167,3 +168,30 @@ def test_a_resumed_log_keeps_the_redone_steps_records(tmp_path):
 def test_bad_study_settings_are_one_line_errors(tmp_path, args, message):
     refused(run(tmp_path, 'compare.py', *args, check=False), message)
     assert not (tmp_path / 'out-compare').exists()
+
+
+def test_a_one_seed_study_without_a_sweep_says_neither_spread_nor_sweep(monkeypatch):
+    import compare
+    monkeypatch.setattr(compare, 'seeds', (1,))
+    monkeypatch.setattr(compare, 'methods', ('full-rank', 'cola'))
+    monkeypatch.setattr(compare, 'learning_rates', (('full-rank', 1e-3), ('cola', 4e-3)))
+    plan = compare.regime()
+    assert not compare.sweeping() and compare.regime_text(plan).endswith('; no sweep (every lr given).')
+    row = {'val_loss': 2.0, 'params': 1e6, 'trained_params': 1e6, 'optimizer_bytes': 8e6, 'flops_per_token': 1e6,
+           'flops': 1e12, 'tokens_per_s': 1000, 'wall_s': 60, 'evals': [(0, 0, 3.0), (1e12, 1e12, 2.0)]}
+    table = compare.markdown(plan, {}, dict(compare.learning_rates), {'full-rank': [row], 'cola': [dict(row, val_loss=2.1)]})
+    assert 'Each method at its best peak lr, 1 seed (1); the gaps are to full-rank with the same seed.' in table
+    assert '±' not in table and "the sweep's runs" not in table
+    monkeypatch.setattr(compare, 'learning_rates', (('full-rank', 1e-3),))
+    assert compare.sweeping() and "; the sweep's runs: " in compare.regime_text(compare.regime())
+
+
+def test_a_resumed_runs_wall_time_adds_both_processes_time(tmp_path):
+    header = {'config': {'learning_rate': 1e-3}, 'model_params': 10, 'flops_per_token': 1.0}
+    lines = [header, {'iter': 0, 'val_loss': 3.0, 'tokens': 0, 'flops': 0, 'elapsed_s': 1.0},
+             {'iter': 5, 'loss': 2.5, 'tokens_per_s': 9.0, 'elapsed_s': 40.0},  # killed after 40 s, resumed at 0
+             header, {'resumed_at': 0}, {'iter': 0, 'val_loss': 3.0, 'tokens': 0, 'flops': 0, 'elapsed_s': 2.0},
+             {'iter': 10, 'val_loss': 2.0, 'tokens': 10, 'flops': 10, 'elapsed_s': 70.0}]
+    (tmp_path / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in lines))
+    from compare import summary
+    assert summary('run', read_log(tmp_path / 'log.jsonl'))['wall_s'] == 110.0

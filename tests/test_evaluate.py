@@ -100,9 +100,14 @@ def test_evaluate_py_scores_the_built_in_tasks_and_the_four_published_formats(tr
     (['--piqa=piqa.jsonl'], "piqa.jsonl: expected a label 0 or 1 for each of its 1 lines"),
     (['--hellaswag=lambada.jsonl'], "lambada.jsonl:1: no field 'activity_label'"),
     (['--items=0'], 'items=0: expected a positive number'),
+    (['--hellaswag=string_endings.jsonl'], "string_endings.jsonl:1: 'endings' is str 'the sea.': expected a list of 2"),
+    (['--hellaswag=far_label.jsonl'], "far_label.jsonl:1: 'label' is 7: expected the index of one of its 4 endings"),
 ])
 def test_bad_task_files_and_settings_are_one_line_errors(trained, args, message):
     write_published_formats(trained)
+    item = json.loads((trained / 'hellaswag.jsonl').read_text())
+    (trained / 'string_endings.jsonl').write_text(json.dumps({**item, 'endings': 'the sea.'}) + '\n')
+    (trained / 'far_label.jsonl').write_text(json.dumps({**item, 'label': 7}) + '\n')
     (trained / 'bad_arc.jsonl').write_text(json.dumps({'question': {'stem': 'q', 'choices': [{'text': 'a', 'label': 'A'}]},
                                                        'answerKey': 'E'}) + '\n')
     refused(run(trained, 'evaluate.py', '--out_dir=ev', '--items=5', '--context_tokens=16', '--choice_tokens=8', *args,

@@ -71,3 +71,26 @@ def test_every_config_file_compiles_as_python(path, tmp_path):
 def test_the_kernel_benchmark_has_help_without_a_gpu():
     out = run(ROOT, 'kernels.py', '--help').stdout
     assert 'silu(z) @ B' in out and 'usage: python kernels.py' in out
+
+
+def test_docs_cite_the_papers_not_files_outside_the_repository():
+    paths = glob.glob(os.path.join(ROOT, '*.md')) + glob.glob(os.path.join(ROOT, 'docs', '*.md')) + list(modules().values())
+    for path in paths:
+        assert 'shared/papers.md' not in open(path).read(), path  # a clone has no ../shared
+
+
+@pytest.mark.parametrize('path', ['.venv/bin/python', 'analysis/analysis.md', 'out-cpu-tiny/ckpt.pt', 'data/tiny/meta.json'])
+def test_what_the_readme_and_scripts_create_is_ignored_by_git(path):
+    import subprocess
+    assert subprocess.run(['git', 'check-ignore', '-q', path], cwd=ROOT).returncode == 0, path
+
+
+def test_pytest_q_still_prints_the_summary_line_and_skip_reasons():
+    import subprocess
+    import sys
+    test = 'tests/test_layout.py::test_docs_cite_the_papers_not_files_outside_the_repository'
+    r = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-n', '0', '-p', 'no:cacheprovider', test,
+                        'tests/test_kernels.py::test_cuda_kernels_match_reference'], cwd=ROOT, capture_output=True, text=True)
+    assert '1 passed' in r.stdout.splitlines()[-1], r.stdout
+    if 'skipped' in r.stdout.splitlines()[-1]:  # without a GPU: the reason is shown
+        assert 'SKIPPED' in r.stdout and 'needs a CUDA GPU' in r.stdout, r.stdout

@@ -150,7 +150,7 @@ def test_kill_and_rerun_equals_a_clean_run(tmp_path):
     r = subprocess.run([sys.executable, '-c', KILL_AFTER_SHARDS, *args, '--out_dir=out'], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == -signal.SIGKILL, r.stderr  # died with shards half done
-    assert list((tmp_path / 'out').glob('train_000003.bin.tmp*')) and not (tmp_path / 'out' / 'train_000003.bin').exists()
+    assert list((tmp_path / 'out').glob('.train_000003.bin.tmp*')) and not (tmp_path / 'out' / 'train_000003.bin').exists()
     assert run_prepare(tmp_path, *args, '--out_dir=out').returncode == 0
     assert {f: h for f, h in digest(tmp_path / 'out').items() if '.tmp' not in f} == digest(tmp_path / 'clean')
 
@@ -166,7 +166,8 @@ real_write, written = prepare.write_shard, []
 def dying_write(path, tokens):
     if 'train_' in path:
         if len(written) == int(os.environ['PREPARE_TEST_DIE_AFTER_SHARDS']):
-            open(f'{{path}}.tmp{{os.getpid()}}', 'wb').write(b'half a shard')
+            folder, name = os.path.split(path)
+            open(os.path.join(folder, f'.{{name}}.tmp{{os.getpid()}}.x1y2z3'), 'wb').write(b'half a shard')
             os.kill(os.getpid(), signal.SIGKILL)
         written.append(path)
     real_write(path, tokens)
@@ -181,7 +182,7 @@ prepare.prepare()
     ('corrupt', ['--input_files=src/*.json.gz'], 'src/bad.json.gz: unreadable or corrupt file'),
     ('latin1', ['--input_files=src/*.txt'], 'src/latin1.txt: not UTF-8 text'),
     ('binary', ['--input_files=src/*.txt'], 'src/binary.txt: not UTF-8 text'),
-    ('empty', ['--input_files=src/*.jsonl', '--val_files=src/*.jsonl'], 'no documents for the val split in src/empty.jsonl'),
+    ('empty', ['--input_files=src/*.jsonl', '--val_files=val/*.jsonl'], 'no documents for the val split in val/empty.jsonl'),
     (None, ['--input_files=src/*.jsonl', '--val_tokens=100'], 'the input files hold only 2 tokens, all taken by the validation split'),
     (None, ['--c4_path=allenai/c4', '--input_files=', '--train_shards=1'], 'could not read en/c4-validation.00000-of-00008.json.gz'),
     (None, ['--input_files=src/*.jsonl', '--encoding=utf16'], "encoding='utf16': expected 'gpt2' or 'byte'"),
@@ -189,6 +190,8 @@ prepare.prepare()
     (None, ['--input_files=src/*.jsonl', '--out_dir=out'], "out/ holds shards made with train_files=['src/ok.jsonl']"),
     ('keep', ['--input_files=src/ok.jsonl', '--out_dir=out', '--val_tokens=1'], "out/ holds shards made with val_tokens=2 (this run: 1)"),
     (None, ['--input_files=src/*.jsonl', '--out_dir=/sys/nanocola'], "out_dir='/sys/nanocola' cannot be created"),
+    ('keep', ['--input_files=src/*.jsonl', '--val_files=src/ok.jsonl', '--out_dir=other'],
+     'src/ok.jsonl is both a training file (input_files) and a validation file (val_files)'),
 ])
 def test_bad_input_is_a_one_line_error_and_leaves_shards_untouched(tmp_path, setup, args, message):
     (tmp_path / 'src').mkdir()
@@ -206,9 +209,20 @@ def test_bad_input_is_a_one_line_error_and_leaves_shards_untouched(tmp_path, set
     elif setup == 'binary':
         (tmp_path / 'src' / 'binary.txt').write_bytes(bytes(range(256)))
     elif setup == 'empty':
-        (tmp_path / 'src' / 'empty.jsonl').write_text('\n\n')
+        (tmp_path / 'src' / 'some.jsonl').write_text(json.dumps({'text': 'x'}) + '\n')
+        (tmp_path / 'val').mkdir()
+        (tmp_path / 'val' / 'empty.jsonl').write_text('\n\n')
     else:
         (tmp_path / 'src' / 'some.jsonl').write_text(json.dumps({'text': 'x'}) + '\n')
     refused(run_prepare(tmp_path, '--out_dir=new', '--encoding=byte', *args, env={'HF_HUB_OFFLINE': '1'}), message)
     assert digest(tmp_path / 'out') == before  # an existing dataset is never touched
     assert not (tmp_path / 'new').exists()  # and a failed one leaves nothing behind
+
+
+def test_an_empty_out_dir_made_beforehand_is_used(tmp_path):
+    (tmp_path / 'src').mkdir()
+    (tmp_path / 'src' / 'ok.jsonl').write_text(json.dumps({'text': 'fine words here'}) + '\n')
+    (tmp_path / 'out').mkdir()
+    r = run_prepare(tmp_path, '--input_files=src/ok.jsonl', '--encoding=byte', '--val_tokens=2', '--out_dir=out')
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / 'out' / 'meta.json').exists()

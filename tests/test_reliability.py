@@ -77,8 +77,10 @@ def test_training_from_scratch_into_a_finished_run_is_refused_unless_asked_to_st
             'run/ already holds a run (best.pt): continue it with --init_from=resume')
     assert digest(trained / 'run') == before
     shutil.copytree(trained / 'run', trained / 'again')
+    (trained / 'again' / 'evaluate.json').write_text('{"the old run": "scores"}')
     run(trained, 'train.py', *TRAIN, '--out_dir=again', '--max_iters=4', '--start_over=True')
     assert not (trained / 'again' / 'ckpt_10.pt').exists() and max(train_log(trained / 'again')[0]) == 4
+    assert not (trained / 'again' / 'evaluate.json').exists()  # the old run's scores go with it
 
 
 @pytest.mark.parametrize('change,message', [
@@ -133,7 +135,7 @@ def test_a_second_signal_stops_at_once_and_leaves_the_last_checkpoint_whole(trai
 def test_a_full_disk_is_one_line_and_leaves_the_previous_file_and_no_temporary_file(tmp_path):
     target = tmp_path / 'analysis.json'
     target.write_text('{"the": "previous result"}')
-    (tmp_path / 'analysis.json.tmp999999999').write_text('left by a killed process')
+    (tmp_path / '.analysis.json.tmp999999999.a1b2c3').write_text('left by a killed process')
 
     def disk_full(f):
         f.write(b'{"half')
@@ -236,3 +238,72 @@ def test_analyze_says_where_a_moved_data_folder_should_be(trained):
 def test_bench_tables_work_from_outside_the_repository(tmp_path):
     rows = [line for line in run(tmp_path, 'bench.py', '--table=params').stdout.splitlines() if line.startswith('| config/')]
     assert len(rows) == 10
+
+
+def test_a_full_disk_while_saving_is_one_line_leaves_no_temporary_file_and_records_nothing_unsaved(trained):
+    """A file-size limit (ulimit -f) stands in for a full disk: torch.save fails inside the durable write."""
+    import resource
+    shutil.copytree(trained / 'run', trained / 'full', ignore=shutil.ignore_patterns('ckpt_*.pt', 'train.lock'))
+    before = digest(trained / 'full')
+    limit = os.path.getsize(trained / 'full' / 'ckpt.pt') // 2  # the next checkpoint cannot be written whole
+    r = subprocess.run([sys.executable, os.path.join(ROOT, 'train.py'), *TRAIN, '--out_dir=full', '--max_iters=15',
+                        '--init_from=resume'], cwd=trained, env=script_env(), capture_output=True, text=True, timeout=300,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    refused(r, 'could not write full/')
+    assert "the previous best.pt is unchanged" in r.stderr or "the previous ckpt.pt is unchanged" in r.stderr
+    assert sorted(os.listdir(trained / 'full')) == sorted(before) + ['train.lock']  # no temporary file
+    assert digest(trained / 'full')['ckpt.pt'] == before['ckpt.pt']
+    assert 15 not in train_log(trained / 'full')[1]  # iter 15's result is not recorded: its state was not saved
+
+
+def test_compare_trusts_the_final_checkpoint_not_the_log(trained, monkeypatch):
+    """A log that records the final evaluation beside an earlier checkpoint (a kill or a full disk between the two in
+    an older train.py) is an unfinished run: compare.py resumes it rather than scoring the earlier model."""
+    import compare
+    shape = dict(n_layer=2, n_head=2, n_embd=64, intermediate_size=128, rank=16, block_size=32, batch_size=4)
+    for key, value in {**shape, 'data_dir': str(trained / 'data'), 'out_dir': str(trained / 'cmp'), 'max_iters': 10,
+                       'eval_interval': 5, 'eval_tokens': 1024, 'downstream_items': 0, 'keep_checkpoints': True}.items():
+        monkeypatch.setattr(compare, key, value)
+    _, commands = compare.plan_run('full-rank-seed1', 'full-rank', 3e-3, 1, 10)
+    subprocess.run(commands[0], env=script_env(), check=True, capture_output=True, timeout=300)
+    run_dir = trained / 'cmp' / 'full-rank-seed1'
+    assert compare.plan_run('full-rank-seed1', 'full-rank', 3e-3, 1, 10)[1] == []  # finished: nothing to run
+    shutil.copy(run_dir / 'ckpt_5.pt', run_dir / 'ckpt.pt')  # the final record stays in log.jsonl, iter 10's state lost
+    _, commands = compare.plan_run('full-rank-seed1', 'full-rank', 3e-3, 1, 10)
+    assert len(commands) == 1 and commands[0][-1] == '--init_from=resume'
+
+
+@pytest.mark.parametrize('planted', ['train.lock', 'log.jsonl'])
+def test_a_link_planted_in_the_out_dir_is_refused_and_its_target_untouched(trained, tmp_path, planted):
+    victim = tmp_path / 'victim.txt'
+    victim.write_text('a file of the user that a neighbour points at')
+    shutil.copytree(trained / 'run', trained / f'links-{planted}', ignore=shutil.ignore_patterns('ckpt_*.pt', 'train.lock'))
+    os.replace(trained / f'links-{planted}' / 'log.jsonl', tmp_path / 'log.jsonl')  # (the resumed run's own)
+    os.symlink(victim, trained / f'links-{planted}' / planted)
+    r = run(trained, 'train.py', *TRAIN, f'--out_dir=links-{planted}', '--max_iters=12', '--init_from=resume', check=False)
+    refused(r, f'{planted} (it is a symbolic link): remove it, or use another folder')
+    assert victim.read_text() == 'a file of the user that a neighbour points at'
+
+
+def test_a_durable_write_replaces_a_planted_link_never_its_target(tmp_path):
+    victim = tmp_path / 'victim.txt'
+    victim.write_text('untouched')
+    os.symlink(victim, tmp_path / 'ckpt.pt')
+    write_durably(str(tmp_path / 'ckpt.pt'), lambda f: f.write(b'the checkpoint'))
+    assert victim.read_text() == 'untouched' and not os.path.islink(tmp_path / 'ckpt.pt')
+    assert (tmp_path / 'ckpt.pt').read_bytes() == b'the checkpoint'
+    assert sorted(os.listdir(tmp_path)) == ['ckpt.pt', 'victim.txt']  # no temporary file left
+
+
+def test_an_analysis_rerun_that_fails_partway_leaves_the_complete_earlier_analysis(trained):
+    off = ['--activations=False', '--weights=False', '--updates=False', '--landscape=False', '--interpolation=False',
+           '--similarity=False', '--out_dir=an']
+    run(trained, 'analyze.py', '--runs=run', *off)
+    before = digest(trained / 'an')
+    shutil.copytree(trained / 'run', trained / 'moved', ignore=shutil.ignore_patterns('ckpt_*.pt', 'train.lock'))
+    checkpoint = torch.load(trained / 'moved' / 'ckpt.pt', weights_only=True)
+    checkpoint['config']['data_dir'] = 'gone'  # its data folder no longer there: found only when its turn comes
+    torch.save(checkpoint, trained / 'moved' / 'ckpt.pt')
+    refused(run(trained, 'analyze.py', '--runs=run,moved', *off, check=False), 'moved/ckpt.pt was trained on gone/')
+    assert {f: h for f, h in digest(trained / 'an').items() if 'partial' not in f} == before
+    assert [r['run'] for r in json.loads((trained / 'an' / 'analysis.partial.json').read_text())['runs']] == ['run']

@@ -180,3 +180,13 @@ def test_relora_warm_starts_from_a_full_rank_run_and_refuses_another(data):
     refused(run(data, 'train.py', *RELORA, '--out_dir=never', '--max_iters=1', '--relora_warm_start=relora-straight',
                 check=False), "relora_warm_start needs a full-rank run's checkpoint (rank=0)")
 
+
+
+def test_sltrain_decays_its_factors_but_not_its_sparse_values():  # as docs/methods.md states
+    from model import Transformer
+    model = Transformer(replace(TINY, projection='sltrain'))
+    decayed, plain = model.configure_optimizers(0.01, 1e-3, (0.9, 0.999), 'cpu').param_groups
+    ids = lambda group: {id(p) for p in group['params']}  # noqa: E731
+    layer = model.blocks[0].attn.q_proj
+    assert decayed['weight_decay'] == 0.01 and {id(layer.A), id(layer.B)} <= ids(decayed)
+    assert plain['weight_decay'] == 0.0 and id(layer.values) in ids(plain)

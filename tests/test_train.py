@@ -179,6 +179,21 @@ def test_resume_may_change_how_the_model_runs(data):
     run(data, 'train.py', *common, '--max_iters=4', '--init_from=resume', '--checkpointing=cola-m', '--fused_cola=False')
 
 
+def test_a_resume_applies_changed_optimizer_settings_or_refuses_them(data):
+    import torch
+    common = [*TINY, '--data_dir=data', '--out_dir=opt', '--eval_interval=2']
+    run(data, 'train.py', *common, '--max_iters=2')
+    r = run(data, 'train.py', *common, '--max_iters=4', '--init_from=resume', '--weight_decay=0.1', '--beta2=0.95')
+    assert 'resuming with changed settings, applied from here on: weight_decay 0.01 -> 0.1, beta2 0.999 -> 0.95' in r.stdout
+    groups = torch.load(data / 'opt' / 'ckpt.pt', weights_only=True)['optimizer']['param_groups']
+    assert [g['weight_decay'] for g in groups] == [0.1, 0.0] and all(g['betas'] == (0.9, 0.95) for g in groups)
+    galore = [*TINY, '--data_dir=data', '--out_dir=opt-galore', '--eval_interval=2', '--rank=0', '--optimizer=galore',
+              '--galore_rank=8']
+    run(data, 'train.py', *galore, '--max_iters=2')
+    refused(run(data, 'train.py', *galore[:-1], '--galore_rank=4', '--max_iters=4', '--init_from=resume', check=False),
+            "galore_rank=4 differs from the checkpoint's galore_rank=8, which its optimizer state is made for")
+
+
 def test_a_truncated_checkpoint_on_resume_points_to_best_pt(data):
     common = [*TINY, '--data_dir=data', '--out_dir=cut', '--eval_interval=2']
     run(data, 'train.py', *common, '--max_iters=2')
@@ -301,3 +316,27 @@ def test_the_first_line_names_the_method_and_the_last_says_where_the_checkpoint_
     assert lines[-1] == ('done: 4 steps, checkpoint in closing/ckpt.pt (best validation loss '
                          f"{train_log(data / 'closing')[1][4]:.4f} in closing/best.pt); generate text with: "
                          'python sample.py --out_dir=closing')
+
+
+def test_the_slurm_script_trains_with_two_processes_as_a_one_node_job(data, tmp_path):
+    """train.slurm's own srun/torchrun line, under stand-ins for SLURM's srun and scontrol (srun runs its command,
+    scontrol names this host), on the CPU with 2 processes over gloo: the run a one-node job would start."""
+    import socket
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    (bin_dir / 'srun').write_text('#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\nexec "$@"\n')
+    (bin_dir / 'scontrol').write_text('#!/bin/bash\necho localhost\n')
+    for tool in ('srun', 'scontrol'):
+        (bin_dir / tool).chmod(0o755)
+    with socket.socket() as s:
+        s.bind(('localhost', 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}", SLURM_NNODES='1',
+               SLURM_JOB_NODELIST='localhost', SLURM_JOB_ID='7', NPROC_PER_NODE='2', MASTER_PORT=str(port))
+    env.pop('TRITON_INTERPRET', None)
+    r = subprocess.run(['bash', 'train.slurm', *TINY, f"--data_dir={data / 'data'}", f"--out_dir={data / 'slurm'}",
+                        '--max_iters=2', '--eval_tokens=256'], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)  # submitted from the repository, as sbatch is
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert '= 4 x 32 x 1 x 2' in r.stdout  # two processes' batches in a step
+    assert train_log(data / 'slurm')[0].keys() == {1, 2}
