@@ -44,7 +44,7 @@ from tqdm import tqdm
 from configurator import configure, public_settings
 from methods.lowrank import LowRankLinear
 from model import CoLALinear, Transformer, load_checkpoint, model_from_checkpoint
-from shards import load_meta, read_shard, shard_path, write_durably
+from shards import load_meta, make_writable_folder, read_shard, shard_path, write_durably
 
 # ----------------------------------------------------------------------------- config
 runs = ''  # comma-separated out_dirs of train.py runs
@@ -329,8 +329,14 @@ def analyze(run_dir, reference_hidden, reference_dense=None):
     result = {'run': run_dir, 'iter': checkpoint['iter_num'], 'val_loss': loss_fn(model),
               'checkpoints': len(series(run_dir))}  # the trajectory's length: the metrics between checkpoints need 2
     scores = os.path.join(run_dir, 'evaluate.json')  # downstream scores, when evaluate.py has scored this checkpoint
-    if os.path.exists(scores) and json.load(open(scores))['iter'] == checkpoint['iter_num']:
-        result['downstream'] = {task: s['acc'] for task, s in json.load(open(scores))['scores'].items()}
+    if os.path.exists(scores):
+        try:
+            report = json.load(open(scores))
+            downstream = {task: s['acc'] for task, s in report['scores'].items()}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise SystemExit(f"{scores} is not evaluate.py's output: rerun evaluate.py --out_dir={run_dir}, or delete it") from None
+        if report.get('iter') == checkpoint['iter_num']:
+            result['downstream'] = downstream
     captured, hidden = outputs(model, loss_fn.x[:max(1, activation_tokens // model.config.block_size)])
     if activations:
         table, widths = {}, {}
@@ -575,18 +581,24 @@ if __name__ == '__main__':
     for name, value in [('batch_size', batch_size), ('eval_tokens', eval_tokens), ('activation_tokens', activation_tokens)]:
         if value < 1:
             raise SystemExit(f"{name}={value}: expected a positive number")
+    make_writable_folder(out_dir)  # before hours of analysis, not after
     # every run's checkpoint checked before the first is analysed: a bad one costs no finished work
-    encodings, data_of = {}, {}
+    encodings, data_of, shapes = {}, {}, {}
     for run_dir in runs.split(',') + ([reference] if reference and similarity else []):
         path = os.path.join(run_dir, 'ckpt.pt')
         if not os.path.exists(path):
             raise SystemExit(f"no checkpoint {path}: analyze.py reads train.py's out_dirs")
         checkpoint = load_checkpoint(path)
         encodings[run_dir], data_of[run_dir] = checkpoint['encoding'], checkpoint.get('data_splits')
+        shapes[run_dir] = {k: checkpoint['model_config'][k] for k in ('n_layer', 'n_embd', 'block_size')}
     if reference and similarity and len(set(encodings.values())) > 1:
         other = next(r for r, e in encodings.items() if e != encodings[reference])
         raise SystemExit(f"{other} was trained on {encodings[other]!r} tokens and the reference {reference} on "
                          f"{encodings[reference]!r} tokens: their hidden states are not of the same tokens")
+    for run_dir in runs.split(','):  # hidden states compared layer by layer, vector by vector, over the same tokens
+        if reference and similarity and shapes[run_dir] != shapes[reference]:
+            raise SystemExit(f"{run_dir} has {shapes[run_dir]} where the reference {reference} has {shapes[reference]}: "
+                             f"similarity compares hidden states of the same shape; leave that run out, or --similarity=False")
     for run_dir in runs.split(','):  # the same encoding but other text: each run would be measured on its own
         if reference and similarity and not data_dir and data_of[run_dir] != data_of[reference]:
             raise SystemExit(f"{run_dir} and the reference {reference} were trained on different data: their hidden "

@@ -35,6 +35,7 @@ where it stopped. Each run's output goes to out_dir/<run>/output.txt; `jobs` run
 """
 
 import ctypes
+import fcntl
 import json
 import os
 import signal
@@ -47,7 +48,7 @@ import torch
 
 from configurator import configure, public_settings
 from model import ModelConfig, Transformer, load_checkpoint
-from shards import open_to_append, write_durably
+from shards import make_writable_folder, open_to_append, write_durably
 
 # ----------------------------------------------------------------------------- config
 out_dir = 'out-compare'  # the study's folder: one sub-folder per run, compare.md, compare.png
@@ -154,8 +155,9 @@ def plan_run(name, method, lr, seed, steps):
         commands.append(launcher + [os.path.join(here, 'train.py')] + [f'--{k}={v}' for k, v in settings.items()]
                         + [f'--out_dir={run_dir}'] + start)
     scores = os.path.join(run_dir, 'evaluate.json')
-    if study_run and downstream_items and (commands or not os.path.exists(scores) or os.path.getmtime(scores) < os.path.getmtime(checkpoint)
-                                           or json.load(open(scores))['scores']['next_passage']['items'] != downstream_items):
+    unscored = (commands or read_scores(scores, downstream_items) is None  # (no commands: the final checkpoint is there)
+                or os.path.getmtime(scores) < os.path.getmtime(checkpoint))
+    if study_run and downstream_items and unscored:
         commands.append([sys.executable, os.path.join(here, 'evaluate.py'), f'--out_dir={run_dir}', f'--items={downstream_items}',
                          f'--device={device}', f'--context_tokens={min(64, block_size * 3 // 4)}',
                          f'--choice_tokens={min(16, block_size // 4)}'])
@@ -198,22 +200,38 @@ def run_all(plans):
     for name, _ in plans:
         run_dir = os.path.join(out_dir, name)
         result = summary(name, read_log(os.path.join(run_dir, 'log.jsonl')))
-        if os.path.exists(os.path.join(run_dir, 'evaluate.json')) and downstream_items:
-            result['downstream'] = {task: score['acc'] for task, score in
-                                    json.load(open(os.path.join(run_dir, 'evaluate.json')))['scores'].items()}
+        scores = read_scores(os.path.join(run_dir, 'evaluate.json'), downstream_items) if downstream_items else None
+        if scores:
+            result['downstream'] = scores
         results.append(result | trained_and_held(run_dir))
     return results
+
+
+def read_scores(path, items):
+    """{task: acc} of an evaluate.json scored on `items` items per built-in task, or None where it is missing,
+    unreadable (a kill while writing it in an older version, a hand edit) or of another item count: then it is scored
+    again."""
+    try:
+        scores = json.load(open(path))['scores']
+        return {task: s['acc'] for task, s in scores.items()} if scores['next_passage']['items'] == items else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def trained_and_held(run_dir):
     """From a run's final checkpoint: the parameters its optimizer trains (ReLoRA's frozen W and SLTrain's fixed
     support are not among them) and the bytes of the optimizer's state (AdamW's moments, GaLore's projectors, ...)."""
-    checkpoint = torch.load(os.path.join(run_dir, 'ckpt.pt'), map_location='cpu', weights_only=True)
+    checkpoint = load_checkpoint(os.path.join(run_dir, 'ckpt.pt'))  # as data, or one line
     optimizer = checkpoint['optimizer']
     trained = {name for group in optimizer['param_groups'] for name in group['params']}
     return {'trained_params': sum(t.numel() for name, t in checkpoint['model'].items() if name in trained),
             'optimizer_bytes': sum(t.numel() * t.element_size() for state in optimizer['state'].values()
                                    for t in state.values() if torch.is_tensor(t))}
+
+
+def interrupted(signum, frame):
+    """Ctrl-C: the training runs get it too, save their step and stop (die_with_parent sends the rest SIGTERM)."""
+    raise SystemExit(f"interrupted: each run in progress saves its step; the same command continues the study")
 
 
 def run_steps(name):
@@ -241,7 +259,17 @@ def read_log(path):
     """The records of a run's log.jsonl; where a run resumed, the records of the steps it redid replace
     those of the run that stopped, and elapsed_s counts on from where the stopped run's ended."""
     records, offset, elapsed = [], 0.0, 0.0  # elapsed_s counts from each process's start: summed over the processes
-    for record in map(json.loads, open(path)):
+    lines = open(path).read().split('\n')
+    for i, line in enumerate(lines):
+        try:
+            record = json.loads(line) if line.strip() else None
+        except ValueError:
+            if i == len(lines) - 1:  # a last line cut short (a kill while it was written): as if never written
+                break
+            raise SystemExit(f"{path}:{i + 1}: not a JSON line: the log was edited or damaged; delete that run's "
+                             f"folder to train it again") from None
+        if record is None:
+            continue
         if 'resumed_at' in record:
             n, offset = record['resumed_at'], elapsed  # the resumed run evaluates at n again
             records = [r for r in records if r.get('iter', -1) < n or (r.get('iter') == n and 'val_loss' not in r)]
@@ -424,12 +452,26 @@ if __name__ == '__main__':
         raise SystemExit(f"jobs={jobs}: expected 1 or more runs at a time")
     if not 0 < sweep_fraction <= 1:
         raise SystemExit(f"sweep_fraction={sweep_fraction}: expected a fraction in (0, 1]")
+    for pair in learning_rates:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and pair[0] in METHODS and isinstance(pair[1], (int, float))
+                and pair[1] > 0):
+            raise SystemExit(f"learning_rates: {pair!r}: expected (method, peak lr) pairs, each method one of "
+                             f"{', '.join(METHODS)}, each rate positive")
     plan = regime()
+    if sweeping() and not sweep_lrs:
+        raise SystemExit(f"sweep_lrs={sweep_lrs}: no rates to sweep, and {', '.join(m for m in methods if m not in dict(learning_rates))} "
+                         f"have none in learning_rates; give rates to sweep, or each method's rate")
     if plan['sweep_steps'] < 1 and any(m not in dict(learning_rates) for m in methods):
         raise SystemExit(f"sweep_fraction={sweep_fraction} of max_iters={max_iters} is {plan['sweep_steps']} steps: the "
                          f"sweep's runs would not train; expected at least 1 step (better: many)")
+    make_writable_folder(out_dir)
+    lock = open_to_append(os.path.join(out_dir, 'compare.lock'), 'a+')  # one study at a time in out_dir, the kernel's lock
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit(f"{out_dir}/ is in use by another compare.py: wait for it, or use another out_dir") from None
+    signal.signal(signal.SIGINT, interrupted)
     print(regime_text(plan))
-    os.makedirs(out_dir, exist_ok=True)
     best_lrs = dict(learning_rates)
     swept = [m for m in methods if m not in best_lrs and not (m == 'cola-m' and 'cola' in methods)]
     runs_done, total_runs = 0, len(swept) * len(sweep_lrs) + len(methods) * len(seeds)

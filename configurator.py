@@ -14,9 +14,11 @@ replaces (an int may stand for a float; a setting whose default is None takes an
 fails loudly instead of being silently ignored.
 """
 
+import math
 import os
 import re
 import sys
+import traceback
 from ast import literal_eval
 
 
@@ -25,11 +27,20 @@ def read_config_file(path):
     if not os.path.isfile(path):
         raise SystemExit(f"config file {path!r} not found")
     values = {}
-    exec(open(path).read(), {}, values)
+    try:
+        exec(compile(open(path, encoding='utf-8').read(), path, 'exec'), {}, values)
+    except UnicodeDecodeError as e:
+        raise SystemExit(f"config file {path!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except Exception as e:  # a config file is Python the user wrote: its error, in one line, with its line
+        line = next((f.lineno for f in reversed(traceback.extract_tb(e.__traceback__)) if f.filename == path),
+                    getattr(e, 'lineno', '?'))
+        raise SystemExit(f"config file {path!r}, line {line}: {type(e).__name__}: {e}") from None
     return {k: v for k, v in values.items() if not k.startswith('_')}
 
 
 def _checked(key, value, default, source):
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SystemExit(f"{source}: {key}={value!r}: expected a finite number")
     if default is None or type(value) is type(default):
         return value
     if type(default) is float and type(value) is int:

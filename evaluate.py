@@ -98,9 +98,23 @@ def read_jsonl(path):
     if not os.path.isfile(path):
         raise SystemExit(f"{path} does not exist")
     try:
-        return [json.loads(line) for line in open(path, encoding='utf-8') if line.strip()]
+        records = [json.loads(line) for line in open(path, encoding='utf-8') if line.strip()]
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SystemExit(f"{path}: not JSON lines ({type(e).__name__})") from None
+    if not records:
+        raise SystemExit(f"{path} holds no items: expected one JSON object per line")
+    for i, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise SystemExit(f"{path}:{i + 1}: a JSON {type(record).__name__}, expected an object (the published format)")
+    return records
+
+
+def text_field(path, i, record, *keys):
+    """A field that must hold text."""
+    value = field(path, i, record, *keys)
+    if not isinstance(value, str):
+        raise SystemExit(f"{path}:{i + 1}: {'.'.join(keys)!r} is {type(value).__name__} {value!r}: expected text")
+    return value
 
 
 def field(path, i, record, *keys):
@@ -119,7 +133,7 @@ def hellaswag_examples(path):
         return re.sub('  ', ' ', re.sub(r'\[.*?\]', '', text.replace(' [title]', '. ')).strip())
     out = []
     for i, r in enumerate(read_jsonl(path)):
-        context = field(path, i, r, 'activity_label') + ': ' + field(path, i, r, 'ctx_a') + ' ' + field(path, i, r, 'ctx_b').capitalize()
+        context = text_field(path, i, r, 'activity_label') + ': ' + text_field(path, i, r, 'ctx_a') + ' ' + text_field(path, i, r, 'ctx_b').capitalize()
         endings, label = field(path, i, r, 'endings'), field(path, i, r, 'label')
         if not (isinstance(endings, list) and len(endings) >= 2 and all(isinstance(e, str) for e in endings)):
             raise SystemExit(f"{path}:{i + 1}: 'endings' is {type(endings).__name__} {str(endings)[:40]!r}: expected a list "
@@ -134,6 +148,9 @@ def arc_examples(path):
     out = []
     for i, r in enumerate(read_jsonl(path)):
         choices = field(path, i, r, 'question', 'choices')
+        if not isinstance(choices, list) or len(choices) < 2:
+            raise SystemExit(f"{path}:{i + 1}: question.choices is {str(choices)[:40]!r}: expected a list of 2 or more")
+        choices = [{'label': text_field(path, i, c, 'label'), 'text': text_field(path, i, c, 'text')} for c in choices]
         labels = [c['label'] for c in choices]
         answer = field(path, i, r, 'answerKey')
         if answer not in labels:
@@ -147,18 +164,28 @@ def piqa_examples(path, labels_path):
     records = read_jsonl(path)
     labels = [r.get('label') for r in records]
     if labels_path:
-        labels = [int(line) for line in open(labels_path) if line.strip()]
+        try:
+            lines = [line.strip() for line in open(labels_path, encoding='utf-8') if line.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            raise SystemExit(f"piqa_labels={labels_path!r}: cannot be read as text "
+                             f"({e.strerror if isinstance(e, OSError) else 'not UTF-8'})") from None
+        if any(line not in ('0', '1') for line in lines):
+            raise SystemExit(f"piqa_labels={labels_path!r}: line {next(line for line in lines if line not in ('0', '1'))!r}: "
+                             f"expected a 0 or 1 on each line (valid-labels.lst)")
+        labels = [int(line) for line in lines]
     if len(labels) != len(records) or any(label not in (0, 1) for label in labels):
         raise SystemExit(f"{path}: expected a label 0 or 1 for each of its {len(records)} lines (a 'label' field, or "
                          f"--piqa_labels=valid-labels.lst)")
-    return [(f"Question: {field(path, i, r, 'goal')}\nAnswer:", [' ' + field(path, i, r, 'sol1'), ' ' + field(path, i, r, 'sol2')],
+    return [(f"Question: {text_field(path, i, r, 'goal')}\nAnswer:", [' ' + text_field(path, i, r, 'sol1'), ' ' + text_field(path, i, r, 'sol2')],
              label) for i, (r, label) in enumerate(zip(records, labels))]
 
 
 def lambada_examples(path):
     out = []
     for i, r in enumerate(read_jsonl(path)):
-        context, _, word = field(path, i, r, 'text').rpartition(' ')
+        context, _, word = text_field(path, i, r, 'text').strip().rpartition(' ')
+        if not context or not word:
+            raise SystemExit(f"{path}:{i + 1}: 'text' {r['text'][:40]!r} has no context and last word to predict")
         out.append((context, ' ' + word))
     return out
 
@@ -230,6 +257,10 @@ if __name__ == '__main__':
     for name, value in [('items', items), ('context_tokens', context_tokens), ('choice_tokens', choice_tokens)]:
         if value < 1:
             raise SystemExit(f"{name}={value}: expected a positive number")
+    if seed < 0:
+        raise SystemExit(f"seed={seed}: expected 0 or more")
+    if not (device == 'cpu' or (device.startswith('cuda') and torch.cuda.is_available())):
+        raise SystemExit(f"device={device!r}: expected 'cpu', or 'cuda' on a machine with a CUDA GPU")
     path = os.path.join(out_dir, 'ckpt.pt')
     checkpoint = load_checkpoint(path)
     model = model_from_checkpoint(checkpoint, device, path).eval()

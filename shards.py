@@ -67,6 +67,17 @@ def remove_stale_temporaries(folder):
             os.remove(stale)
 
 
+def make_writable_folder(path, setting='out_dir'):
+    """Create the folder path (if need be) and check that files can be written in it, before any work: else one line."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise SystemExit(f"{setting}={path!r} is a file, not a folder: use another {setting}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as e:
+        raise SystemExit(f"{setting}={path!r} cannot be written ({e.strerror}): use a writable folder") from None
+
+
 def open_to_append(path, mode='a'):
     """path opened for appending text (a log; mode 'a+' to read it too), refused in one line if it is a link: no
     write of ours goes where a link planted in an output folder points."""

@@ -119,6 +119,19 @@ for name, allowed in [('dtype', ('float32', 'bfloat16')), ('parallel', ('ddp', '
         raise SystemExit(f"{name}={config[name]!r}: expected one of {allowed}")
 if not learning_rate > 0:
     raise SystemExit(f"learning_rate={learning_rate}: expected a positive number")
+if not (vocab_size is None or (isinstance(vocab_size, int) and vocab_size > 0)):
+    raise SystemExit(f"vocab_size={vocab_size!r}: expected None (the data's) or a positive integer")
+if max_iters == 0 and init_from == 'scratch':
+    raise SystemExit("max_iters=0: a new run would train nothing and save no checkpoint; expected 1 or more steps")
+if optimizer != 'adamw' and galore_rank >= min(n_embd, intermediate_size):
+    raise SystemExit(f"galore_rank={galore_rank}: expected fewer than the projected matrices' smaller side "
+                     f"(n_embd={n_embd}): at that rank the projection keeps every direction and saves nothing")
+if projection == 'sltrain' and not (0 < sltrain_delta <= 1 and int(sltrain_delta * n_embd * n_embd) >= 1):
+    raise SystemExit(f"sltrain_delta={sltrain_delta}: expected a density in (0, 1] that gives each {n_embd} x {n_embd} "
+                     f"projection at least one sparse entry")
+if relora_warm_start and projection != 'relora':
+    raise SystemExit(f"relora_warm_start={relora_warm_start!r} with projection={projection!r}: the warm start is "
+                     f"ReLoRA's; add --projection=relora, or drop relora_warm_start")
 if not 0 < tsvd_energy <= 1:
     raise SystemExit(f"tsvd_energy={tsvd_energy}: expected a fraction in (0, 1]")
 if projection == 'tsvd' and parallel == 'fsdp':
@@ -420,9 +433,12 @@ if master:
     earlier_run = sorted(f for f in os.listdir(out_dir) if f in ('ckpt.pt', 'best.pt', 'log.jsonl', 'evaluate.json')
                          or re.fullmatch(r'ckpt_\d+\.pt', f))
     if init_from == 'scratch' and earlier_run:
-        if not start_over:
+        if not start_over and os.path.exists(checkpoint_path):
             raise SystemExit(f"{out_dir}/ already holds a run ({os.path.basename(earlier_run[0])}): continue it with "
                              f"--init_from=resume, train into another out_dir, or delete it with --start_over=True")
+        if not start_over:  # a run that saved no checkpoint: nothing to resume
+            raise SystemExit(f"{out_dir}/ holds a run that saved no checkpoint ({os.path.basename(earlier_run[0])}): "
+                             f"there is nothing to resume; delete it with --start_over=True, or train into another out_dir")
         for f in earlier_run:
             os.remove(os.path.join(out_dir, f))
     remove_stale_temporaries(out_dir)  # what a killed run was writing when it died
@@ -459,7 +475,9 @@ def request_stop(signum, frame):
     (a checkpoint being written is then not renamed into place: the previous one stays whole)."""
     global stop_requested
     if stop_requested:
-        raise SystemExit(f"{signal.Signals(signum).name} again: stopped at once; {checkpoint_path} holds the last saved state")
+        kept = (f"{checkpoint_path} holds the last saved state" if os.path.exists(checkpoint_path) else
+                f"no checkpoint was saved yet: start again with --start_over=True")
+        raise SystemExit(f"{signal.Signals(signum).name} again: stopped at once; {kept}")
     stop_requested = signal.Signals(signum).name
 
 

@@ -164,6 +164,9 @@ def test_a_resumed_log_keeps_the_redone_steps_records(tmp_path):
     (["--methods=('cola','lora')"], "methods: 'lora' is not one of full-rank, cola, cola-m, dlr, elas, tsvd"),
     (['--seeds=()'], 'seeds=(): expected one seed or more'),
     (['--sweep_fraction=0.0'], 'sweep_fraction=0.0: expected a fraction in (0, 1]'),
+    (['--sweep_lrs=()', "--methods=('full-rank',)"], 'sweep_lrs=(): no rates to sweep, and full-rank have none'),
+    (["--methods=('full-rank',)", "--learning_rates=(('full_rank',4e-3),)"],
+     "learning_rates: ('full_rank', 0.004): expected (method, peak lr) pairs, each method one of full-rank"),
 ])
 def test_bad_study_settings_are_one_line_errors(tmp_path, args, message):
     refused(run(tmp_path, 'compare.py', *args, check=False), message)
@@ -195,3 +198,36 @@ def test_a_resumed_runs_wall_time_adds_both_processes_time(tmp_path):
     (tmp_path / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in lines))
     from compare import summary
     assert summary('run', read_log(tmp_path / 'log.jsonl'))['wall_s'] == 110.0
+
+
+def test_a_log_cut_short_by_a_kill_loses_its_last_line_only_and_a_damaged_one_is_one_line(tmp_path):
+    records = [{'config': {}}, {'iter': 10, 'loss': 3.0}, {'iter': 10, 'val_loss': 3.1}]
+    text = ''.join(json.dumps(r) + '\n' for r in records)
+    (tmp_path / 'log.jsonl').write_text(text[:-8])  # the last record half written
+    assert read_log(tmp_path / 'log.jsonl') == records[:2]
+    (tmp_path / 'log.jsonl').write_text(text.replace('"loss": 3.0', '"loss": 3.0,,'))
+    with pytest.raises(SystemExit, match='log.jsonl:2: not a JSON line: the log was edited or damaged'):
+        read_log(tmp_path / 'log.jsonl')
+
+
+def test_unreadable_or_partial_scores_are_scored_again(tmp_path):
+    from compare import read_scores
+    good = {'scores': {'next_passage': {'acc': 0.5, 'items': 5}, 'last_word': {'acc': 0.1, 'items': 5}}}
+    (tmp_path / 'evaluate.json').write_text(json.dumps(good))
+    assert read_scores(tmp_path / 'evaluate.json', 5) == {'next_passage': 0.5, 'last_word': 0.1}
+    assert read_scores(tmp_path / 'evaluate.json', 7) is None  # scored on other items
+    for broken in ('{"run": "x", "iter": 20, "scores": ', '{"scores": {}}', ''):
+        (tmp_path / 'evaluate.json').write_text(broken)
+        assert read_scores(tmp_path / 'evaluate.json', 5) is None
+    assert read_scores(tmp_path / 'missing.json', 5) is None
+
+
+def test_a_second_compare_on_the_same_out_dir_is_refused(tmp_path):
+    import fcntl
+    (tmp_path / 'out-compare').mkdir()
+    with open(tmp_path / 'out-compare' / 'compare.lock', 'a') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a first compare.py holds it
+        refused(run(tmp_path, 'compare.py', '--data_dir=nowhere', check=False),
+                'out-compare/ is in use by another compare.py: wait for it, or use another out_dir')
+    (tmp_path / 'a_file').write_text('not a folder')
+    refused(run(tmp_path, 'compare.py', '--out_dir=a_file', check=False), "out_dir='a_file' is a file, not a folder")

@@ -102,13 +102,35 @@ def test_evaluate_py_scores_the_built_in_tasks_and_the_four_published_formats(tr
     (['--items=0'], 'items=0: expected a positive number'),
     (['--hellaswag=string_endings.jsonl'], "string_endings.jsonl:1: 'endings' is str 'the sea.': expected a list of 2"),
     (['--hellaswag=far_label.jsonl'], "far_label.jsonl:1: 'label' is 7: expected the index of one of its 4 endings"),
+    (['--hellaswag=letter_label.jsonl'], "letter_label.jsonl:1: 'label' is 'B': expected the index of one of its 4"),
+    (['--hellaswag=no_endings.jsonl'], "no_endings.jsonl:1: 'endings' is list '[]': expected a list of 2"),
+    (['--hellaswag=empty.jsonl'], 'empty.jsonl holds no items: expected one JSON object per line'),
+    (['--piqa=array.jsonl'], 'array.jsonl:1: a JSON list, expected an object'),
+    (['--arc_easy=unlabelled_arc.jsonl'], "unlabelled_arc.jsonl:1: no field 'label'"),
+    (['--piqa=piqa.jsonl', '--piqa_labels=bad.lst'], "piqa_labels='bad.lst': line 'x': expected a 0 or 1 on each line"),
+    (['--piqa=piqa.jsonl', '--piqa_labels=nope.lst'], "piqa_labels='nope.lst': cannot be read as text (No such file"),
+    (['--piqa=piqa.jsonl', '--piqa_labels=binary.lst'], "piqa_labels='binary.lst': cannot be read as text (not UTF-8)"),
+    (['--lambada=one_word.jsonl'], "one_word.jsonl:1: 'text' 'word ' has no context and last word to predict"),
+    (['--lambada=number.jsonl'], "number.jsonl:1: 'text' is int 42: expected text"),
+    (['--seed=-1'], 'seed=-1: expected 0 or more'),
+    (['--device=cuda:7' if torch.cuda.device_count() < 8 else '--device=cuda:99'], "expected 'cpu', or 'cuda' on a machine"),
 ])
 def test_bad_task_files_and_settings_are_one_line_errors(trained, args, message):
     write_published_formats(trained)
     item = json.loads((trained / 'hellaswag.jsonl').read_text())
     (trained / 'string_endings.jsonl').write_text(json.dumps({**item, 'endings': 'the sea.'}) + '\n')
     (trained / 'far_label.jsonl').write_text(json.dumps({**item, 'label': 7}) + '\n')
-    (trained / 'bad_arc.jsonl').write_text(json.dumps({'question': {'stem': 'q', 'choices': [{'text': 'a', 'label': 'A'}]},
-                                                       'answerKey': 'E'}) + '\n')
+    (trained / 'letter_label.jsonl').write_text(json.dumps({**item, 'label': 'B'}) + '\n')
+    (trained / 'no_endings.jsonl').write_text(json.dumps({**item, 'endings': []}) + '\n')
+    (trained / 'empty.jsonl').write_text('\n\n')
+    (trained / 'array.jsonl').write_text('[1, 2, 3]\n')
+    (trained / 'unlabelled_arc.jsonl').write_text(json.dumps({'question': {'stem': 'q', 'choices': [
+        {'text': 'a', 'label': 'A'}, {'text': 'b'}]}, 'answerKey': 'A'}) + '\n')
+    (trained / 'bad.lst').write_text('0\nx\n')
+    (trained / 'binary.lst').write_bytes(b'\xff\n')
+    (trained / 'one_word.jsonl').write_text(json.dumps({'text': 'word '}) + '\n')
+    (trained / 'number.jsonl').write_text(json.dumps({'text': 42}) + '\n')
+    (trained / 'bad_arc.jsonl').write_text(json.dumps({'question': {'stem': 'q', 'choices': [
+        {'text': 'a', 'label': 'A'}, {'text': 'b', 'label': 'B'}]}, 'answerKey': 'E'}) + '\n')
     refused(run(trained, 'evaluate.py', '--out_dir=ev', '--items=5', '--context_tokens=16', '--choice_tokens=8', *args,
                 check=False), message)

@@ -307,3 +307,17 @@ def test_an_analysis_rerun_that_fails_partway_leaves_the_complete_earlier_analys
     refused(run(trained, 'analyze.py', '--runs=run,moved', *off, check=False), 'moved/ckpt.pt was trained on gone/')
     assert {f: h for f, h in digest(trained / 'an').items() if 'partial' not in f} == before
     assert [r['run'] for r in json.loads((trained / 'an' / 'analysis.partial.json').read_text())['runs']] == ['run']
+
+
+def test_analyze_refuses_in_one_line_an_out_dir_that_is_a_file_bad_scores_and_runs_of_another_shape(trained):
+    off = ['--activations=False', '--weights=False', '--updates=False', '--landscape=False', '--interpolation=False']
+    (trained / 'a_file').write_text('not a folder')
+    refused(run(trained, 'analyze.py', '--runs=run', *off, '--similarity=False', '--out_dir=a_file', check=False),
+            "out_dir='a_file' is a file, not a folder")
+    shutil.copytree(trained / 'run', trained / 'scored', ignore=shutil.ignore_patterns('ckpt_*.pt', 'train.lock'))
+    (trained / 'scored' / 'evaluate.json').write_text('{"iter": 10, "scores": ')
+    refused(run(trained, 'analyze.py', '--runs=scored', *off, '--similarity=False', '--out_dir=an2', check=False),
+            "scored/evaluate.json is not evaluate.py's output: rerun evaluate.py --out_dir=scored, or delete it")
+    run(trained, 'train.py', *TRAIN, '--out_dir=wide', '--max_iters=1', '--n_embd=128', '--intermediate_size=256')
+    refused(run(trained, 'analyze.py', '--runs=wide', '--reference=run', *off, '--out_dir=an3', check=False),
+            "wide has {'n_layer': 2, 'n_embd': 128, 'block_size': 32} where the reference run has")

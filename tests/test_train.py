@@ -227,6 +227,12 @@ def test_a_resumed_log_marks_the_resume(data):
     (['--dtype=float16'], "dtype='float16': expected one of ('float32', 'bfloat16')"),
     (['--block_size=2000000'], 'block_size=2000000 is longer than the train split of data/'),
     (['--block_size=4000', '--batch_size=2'], '(4,096 tokens) is smaller than one evaluation batch of 2 x 4000 tokens'),
+    (['--learning_rate=1e999'], 'learning_rate=inf: expected a finite number'),
+    (['--vocab_size=abc'], "vocab_size='abc': expected None (the data's) or a positive integer"),
+    (['--max_iters=0'], 'max_iters=0: a new run would train nothing and save no checkpoint'),
+    (['--rank=0', '--optimizer=galore', '--galore_rank=1000'], 'galore_rank=1000: expected fewer than the projected'),
+    (['--projection=sltrain', '--sltrain_delta=1e-9'], 'sltrain_delta=1e-09: expected a density in (0, 1] that gives'),
+    (['--relora_warm_start=out'], "relora_warm_start='out' with projection='cola': the warm start is ReLoRA's"),
 ])
 def test_bad_settings_are_one_line_errors_and_write_nothing(data, args, message):
     refused(run(data, 'train.py', *TINY, '--data_dir=data', '--out_dir=never', *args, check=False), message)
@@ -340,3 +346,15 @@ def test_the_slurm_script_trains_with_two_processes_as_a_one_node_job(data, tmp_
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert '= 4 x 32 x 1 x 2' in r.stdout  # two processes' batches in a step
     assert train_log(data / 'slurm')[0].keys() == {1, 2}
+
+
+@pytest.mark.parametrize('content,message', [
+    (b'max_iters = 1/0\n', "line 1: ZeroDivisionError: division by zero"),
+    (b'\xff\xfe\x00', 'is not UTF-8 text'),
+    (b'learning_rate = (\n', 'line 1: SyntaxError'),
+])
+def test_a_config_file_that_fails_is_one_line_naming_it_and_its_line(tmp_path, content, message):
+    from configurator import read_config_file
+    (tmp_path / 'bad.py').write_bytes(content)
+    with pytest.raises(SystemExit, match=f"config file '{tmp_path / 'bad.py'}'.*{message}".replace('(', r'\(')):
+        read_config_file(str(tmp_path / 'bad.py'))
