@@ -123,9 +123,6 @@ if not (vocab_size is None or (isinstance(vocab_size, int) and vocab_size > 0)):
     raise SystemExit(f"vocab_size={vocab_size!r}: expected None (the data's) or a positive integer")
 if max_iters == 0 and init_from == 'scratch':
     raise SystemExit("max_iters=0: a new run would train nothing and save no checkpoint; expected 1 or more steps")
-if optimizer != 'adamw' and galore_rank >= min(n_embd, intermediate_size):
-    raise SystemExit(f"galore_rank={galore_rank}: expected fewer than the projected matrices' smaller side "
-                     f"(n_embd={n_embd}): at that rank the projection keeps every direction and saves nothing")
 if projection == 'sltrain' and not (0 < sltrain_delta <= 1 and int(sltrain_delta * n_embd * n_embd) >= 1):
     raise SystemExit(f"sltrain_delta={sltrain_delta}: expected a density in (0, 1] that gives each {n_embd} x {n_embd} "
                      f"projection at least one sparse entry")
@@ -144,6 +141,9 @@ if optimizer != 'adamw' and (rank != 0 or parallel == 'fsdp' or not galore_scale
     raise SystemExit(f"optimizer={optimizer!r} with rank={rank}, parallel={parallel!r}, galore_scale={galore_scale}: "
                      f"expected a full-rank model (rank=0; projecting the gradients of CoLA's factors is no published "
                      f"method), parallel='ddp' (the projector needs whole gradients) and galore_scale > 0")
+if optimizer != 'adamw' and galore_rank >= min(n_embd, intermediate_size):
+    raise SystemExit(f"galore_rank={galore_rank}: expected fewer than the projected matrices' smaller side "
+                     f"(n_embd={n_embd}): at that rank the projection keeps every direction and saves nothing")
 if device.split(':')[0] not in ('cpu', 'cuda') or (device.startswith('cuda') and not torch.cuda.is_available()):
     raise SystemExit(f"device={device!r}: expected 'cpu', or 'cuda' / 'cuda:N' on a machine with a CUDA GPU")
 

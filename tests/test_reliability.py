@@ -300,11 +300,11 @@ def test_an_analysis_rerun_that_fails_partway_leaves_the_complete_earlier_analys
            '--similarity=False', '--out_dir=an']
     run(trained, 'analyze.py', '--runs=run', *off)
     before = digest(trained / 'an')
-    shutil.copytree(trained / 'run', trained / 'moved', ignore=shutil.ignore_patterns('ckpt_*.pt', 'train.lock'))
-    checkpoint = torch.load(trained / 'moved' / 'ckpt.pt', weights_only=True)
+    shutil.copytree(trained / 'run', trained / 'relocated', ignore=shutil.ignore_patterns('ckpt_*.pt', 'train.lock'))
+    checkpoint = torch.load(trained / 'relocated' / 'ckpt.pt', weights_only=True)
     checkpoint['config']['data_dir'] = 'gone'  # its data folder no longer there: found only when its turn comes
-    torch.save(checkpoint, trained / 'moved' / 'ckpt.pt')
-    refused(run(trained, 'analyze.py', '--runs=run,moved', *off, check=False), 'moved/ckpt.pt was trained on gone/')
+    torch.save(checkpoint, trained / 'relocated' / 'ckpt.pt')
+    refused(run(trained, 'analyze.py', '--runs=run,relocated', *off, check=False), 'relocated/ckpt.pt was trained on gone/')
     assert {f: h for f, h in digest(trained / 'an').items() if 'partial' not in f} == before
     assert [r['run'] for r in json.loads((trained / 'an' / 'analysis.partial.json').read_text())['runs']] == ['run']
 

@@ -29,7 +29,7 @@ def test_tiny_run_loss_falls(data):
     (['--projection=relora', '--relora_interval=10', '--warmup_iters=0'],
      ['lr_decay_iters=40: the cosine ends at', '--lr_decay_iters=2', 'relora_interval=10: ReLoRA never merges',
       'relora_restart_warmup=100 is not shorter than relora_interval=10', '--relora_restart_warmup=1']),
-    (['--rank=0', '--optimizer=galore', '--warmup_iters=0'],
+    (['--rank=0', '--optimizer=galore', '--galore_rank=8', '--warmup_iters=0'],
      ['galore_update_interval=200: the projector is never refreshed', '--galore_update_interval=1']),
 ], ids=['tsvd-elas', 'relora', 'galore'])
 def test_a_shortened_run_names_each_schedule_that_no_longer_fits_and_its_fix(data, method, misfits):
