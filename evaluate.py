@@ -74,13 +74,16 @@ def greedy_matches(model, context, target):
 
 
 def multiple_choice(model, enc, examples):
-    """acc and acc_norm of (context, [choices], gold) examples, text in, lm-evaluation-harness's way."""
+    """acc and acc_norm of (context, [choices], gold) examples, text in, lm-evaluation-harness's way: each choice
+    scored as the continuation ' ' + choice (its target delimiter), acc_norm dividing that sum by the choice's
+    length in characters, the delimiter not counted."""
     correct = correct_norm = 0
     for context, choices, gold in examples:
         ctx = enc.encode_to_numpy(context, disallowed_special=()).tolist()
-        scores = [continuation_logprob(model, ctx, enc.encode_to_numpy(c, disallowed_special=()).tolist()) for c in choices]
+        scores = [continuation_logprob(model, ctx, enc.encode_to_numpy(' ' + c, disallowed_special=()).tolist())
+                  for c in choices]
         correct += int(np.argmax(scores) == gold)
-        correct_norm += int(np.argmax([s / max(1, len(c.encode('utf-8'))) for s, c in zip(scores, choices)]) == gold)
+        correct_norm += int(np.argmax([s / max(1, len(c)) for s, c in zip(scores, choices)]) == gold)
     return {'acc': correct / len(examples), 'acc_norm': correct_norm / len(examples), 'items': len(examples),
             'chance': float(np.mean([1 / len(choices) for _, choices, _ in examples]))}
 
@@ -128,9 +131,10 @@ def field(path, i, record, *keys):
 
 
 def hellaswag_examples(path):
-    """lm-evaluation-harness's preprocessing: '[title]' markers removed, double spaces collapsed."""
+    """lm-evaluation-harness's preprocessing, in its order: strip, ' [title]' -> '. ', other [tags] removed, double
+    spaces made single (nothing stripped after)."""
     def clean(text):
-        return re.sub('  ', ' ', re.sub(r'\[.*?\]', '', text.replace(' [title]', '. ')).strip())
+        return re.sub(r'\[.*?\]', '', text.strip().replace(' [title]', '. ')).replace('  ', ' ')
     out = []
     for i, r in enumerate(read_jsonl(path)):
         context = text_field(path, i, r, 'activity_label') + ': ' + text_field(path, i, r, 'ctx_a') + ' ' + text_field(path, i, r, 'ctx_b').capitalize()
@@ -140,7 +144,7 @@ def hellaswag_examples(path):
                              f"of 2 or more strings (the published format)")
         if str(label).lstrip('-').isdigit() is False or not 0 <= int(label) < len(endings):
             raise SystemExit(f"{path}:{i + 1}: 'label' is {label!r}: expected the index of one of its {len(endings)} endings")
-        out.append((clean(context), [' ' + clean(e) for e in endings], int(label)))
+        out.append((clean(context), [clean(e) for e in endings], int(label)))
     return out
 
 
@@ -155,7 +159,7 @@ def arc_examples(path):
         answer = field(path, i, r, 'answerKey')
         if answer not in labels:
             raise SystemExit(f"{path}:{i + 1}: answerKey {answer!r} is not one of the choices' labels {labels}")
-        out.append((f"Question: {field(path, i, r, 'question', 'stem')}\nAnswer:", [' ' + c['text'] for c in choices],
+        out.append((f"Question: {field(path, i, r, 'question', 'stem')}\nAnswer:", [c['text'] for c in choices],
                     labels.index(answer)))
     return out
 
@@ -176,7 +180,7 @@ def piqa_examples(path, labels_path):
     if len(labels) != len(records) or any(label not in (0, 1) for label in labels):
         raise SystemExit(f"{path}: expected a label 0 or 1 for each of its {len(records)} lines (a 'label' field, or "
                          f"--piqa_labels=valid-labels.lst)")
-    return [(f"Question: {text_field(path, i, r, 'goal')}\nAnswer:", [' ' + text_field(path, i, r, 'sol1'), ' ' + text_field(path, i, r, 'sol2')],
+    return [(f"Question: {text_field(path, i, r, 'goal')}\nAnswer:", [text_field(path, i, r, 'sol1'), text_field(path, i, r, 'sol2')],
              label) for i, (r, label) in enumerate(zip(records, labels))]
 
 

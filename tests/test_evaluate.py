@@ -29,16 +29,29 @@ def test_a_continuations_log_likelihood_is_the_sum_over_its_tokens():
     assert evaluate.continuation_logprob(model, context, continuation) == pytest.approx(expected, rel=1e-5)
 
 
-def test_accuracy_takes_the_largest_sum_and_normalised_accuracy_divides_by_bytes():
+def test_accuracy_takes_the_largest_sum_and_normalised_accuracy_divides_by_the_choices_characters():
+    """lm-evaluation-harness's rule: the continuation is ' ' + choice, acc_norm divides by len(choice) in characters
+    (the delimiter not counted; 'né' is 2 characters and 3 bytes)."""
     torch.manual_seed(0)
     model, enc = Transformer(replace(TINY, vocab_size=320)).eval(), ByteEncoding()
-    examples = [('the cat', [' a', ' sat on the mat', ' ran'], 1), ('a dog', [' barked loudly', ' b'], 0)]
-    scores = {c: evaluate.continuation_logprob(model, list(ctx.encode()), list(c.encode()))
+    examples = [('the cat', ['a', 'sat on the mat', 'ran'], 1), ('a dog', ['barked loudly', 'b', 'né'], 0)]
+    scores = {c: evaluate.continuation_logprob(model, list(ctx.encode()), list((' ' + c).encode()))
               for ctx, choices, _ in examples for c in choices}
     acc = np.mean([np.argmax([scores[c] for c in ch]) == g for _, ch, g in examples])
-    acc_norm = np.mean([np.argmax([scores[c] / len(c.encode()) for c in ch]) == g for _, ch, g in examples])
+    acc_norm = np.mean([np.argmax([scores[c] / len(c) for c in ch]) == g for _, ch, g in examples])
     result = evaluate.multiple_choice(model, enc, examples)
     assert (result['acc'], result['acc_norm'], result['items']) == (acc, acc_norm, 2)
+
+
+def test_hellaswag_text_is_cleaned_in_lm_evaluation_harness_order(tmp_path):
+    # lm-eval's preprocess: strip, ' [title]' -> '. ', [tags] removed, '  ' -> ' ', nothing stripped after: the tag
+    # at the start leaves a leading space (computed by hand from that rule)
+    item = {'activity_label': 'Home', 'ctx_a': '[header] How to clean a pan [title] Soak it.', 'ctx_b': '[step] scrub.',
+            'endings': ['[substeps] Rinse it [title] well.', 'Dry it.'], 'label': 0}
+    (tmp_path / 'hs.jsonl').write_text(json.dumps(item) + '\n')
+    [(context, choices, gold)] = evaluate.hellaswag_examples(str(tmp_path / 'hs.jsonl'))
+    assert context == 'Home: How to clean a pan. Soak it. scrub.'
+    assert choices == [' Rinse it. well.', 'Dry it.'] and gold == 0
 
 
 def test_greedy_exact_match_is_what_generate_would_produce():
