@@ -177,6 +177,11 @@ def piqa_examples(path, labels_path):
             raise SystemExit(f"piqa_labels={labels_path!r}: line {next(line for line in lines if line not in ('0', '1'))!r}: "
                              f"expected a 0 or 1 on each line (valid-labels.lst)")
         labels = [int(line) for line in lines]
+        given = [r.get('label') for r in records]
+        if any(g is not None and g != label for g, label in zip(given, labels)):
+            i = next(i for i, (g, label) in enumerate(zip(given, labels)) if g is not None and g != label)
+            raise SystemExit(f"{path}:{i + 1}: its label {given[i]!r} differs from line {i + 1} of piqa_labels="
+                             f"{labels_path!r} ({labels[i]}): give one source of labels")
     if len(labels) != len(records) or any(label not in (0, 1) for label in labels):
         raise SystemExit(f"{path}: expected a label 0 or 1 for each of its {len(records)} lines (a 'label' field, or "
                          f"--piqa_labels=valid-labels.lst)")
@@ -198,7 +203,8 @@ def validation_tokens(folder, enc):
     meta = load_meta(folder)
     if meta['encoding'] != enc.name:
         raise SystemExit(f"{folder}/ holds {meta['encoding']!r} tokens, the checkpoint was trained on {enc.name!r}")
-    return np.concatenate([read_shard(shard_path(folder, s)) for s in meta['splits']['val']['shards']]).astype(np.int64)
+    tokens = np.concatenate([read_shard(shard_path(folder, s)) for s in meta['splits']['val']['shards']]).astype(np.int64)
+    return tokens[tokens != meta['pad']] if meta.get('recipe') == 'paper' else tokens  # the paper's rows: no padding
 
 
 def next_passage_items(tokens, rng):

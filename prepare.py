@@ -4,6 +4,7 @@ Tokenise a corpus into token shards for train.py.
     python prepare.py                                   # English C4 from the hub (allenai/c4)
     python prepare.py --train_shards=18                 # more C4 for bigger configs (README table)
     python prepare.py --input_files='texts/*.txt' --encoding=byte --out_dir=data/mytext   # local files
+    python prepare.py --recipe=paper --train_shards=15 --val_tokens=10_000_000 --out_dir=data/c4-t5  # the paper's data
 
 Each document becomes its tokens (tiktoken's GPT-2 BPE, or UTF-8 bytes with encoding='byte') and an
 end-of-text token; each source file one shard, {split}_{i:06d}.bin: C4's json.gz files through
@@ -12,6 +13,12 @@ line, or .txt, one document per file), the validation split then being val_files
 val_tokens tokens of the input files (the first file, or as many of the first files as that takes). A shard is written to a temporary file, flushed to disk
 and renamed, so one that exists is complete: a rerun skips those and ends with the same bytes as a
 clean run. meta.json records the settings; a folder made with other settings is refused.
+
+recipe='paper' makes the CoLA paper's data instead (its loader is GaLore's): each document tokenised alone by
+a Hugging Face tokenizer (T5's `t5-base` by default, or a local folder), its end token added, truncated and
+padded to row_tokens, exactly the official `tokenizer(text, max_length=256, truncation=True,
+padding="max_length")`: one document per row, no packing; train.py then takes the padding as no target. For C4 the
+validation split is then C4's `en` validation streamed and shuffled with seed 42, as the official code reads it.
 """
 
 import glob
@@ -36,7 +43,11 @@ val_files = ''  # local mode: a glob of validation files; '' = the first val_tok
 val_tokens = 100_000  # local mode: tokens of the validation split, taken from the input files' start
 train_shards = 9  # C4 train files (of 1024, ~150M GPT-2 tokens each): 9 covers cola_60m's 1.31B tokens
 val_shards = 1  # C4 validation files (of 8)
-encoding = 'gpt2'  # 'gpt2' or 'byte'
+encoding = 'gpt2'  # 'gpt2' or 'byte' (recipe='packed')
+recipe = 'packed'  # 'packed': documents joined by end-of-text tokens, cut into sequences by train.py; 'paper': the
+#                    CoLA paper's (GaLore's loader): one document per row, T5 tokens, truncated and padded to row_tokens
+tokenizer = 't5-base'  # recipe='paper': the tokenizer, a hub name (with a network) or a local folder with tokenizer.json
+row_tokens = 256  # recipe='paper': tokens per row, the official max_length
 num_proc = os.cpu_count()  # encoding threads
 c4_path = 'allenai/c4'  # the dataset repository (or a local folder laid out like it)
 
@@ -66,10 +77,23 @@ def read_local(path):
         raise SystemExit(f"{path}: unreadable or corrupt file ({type(e).__name__}: {e})") from None
 
 
+PAPER_VALIDATION = 'en validation, streamed and shuffled with seed 42'  # GaLore's and CoLA's validation data
+
+
 def read_c4(data_file):
-    """The documents of one C4 source file, streamed through `datasets`."""
+    """The documents of one C4 source file, streamed through `datasets`; for the paper's recipe's validation,
+    C4's whole `en` validation split streamed and shuffled with seed 42, as the official code reads it, until
+    val_tokens tokens (those of its rows that are not padding)."""
     import datasets
     try:
+        if data_file == PAPER_VALIDATION:
+            seen = 0
+            for record in datasets.load_dataset(c4_path, 'en', split='validation', streaming=True).shuffle(seed=42):
+                yield record['text']
+                seen += min(row_tokens, len(record['text'].split()) + 1)  # an estimate that errs long: stops late
+                if seen >= 2 * val_tokens:
+                    return
+            return
         for record in datasets.load_dataset(c4_path, data_files=data_file, split='train', streaming=True):
             yield record['text']
     except (ConnectionError, OSError, ValueError) as e:
@@ -96,10 +120,16 @@ def local_files(pattern):
 
 def tokenize(enc, source, pool):
     """All tokens of one source file as uint16, each document followed by the end-of-text token.
-    tiktoken releases the GIL, so the pool's threads encode in parallel."""
+    tiktoken releases the GIL, so the pool's threads encode in parallel. The paper's recipe: each document
+    a row of row_tokens instead (its end token, truncated, padded), rows with nothing to predict (an empty
+    document: its end token alone) left out."""
     documents = read_local(source) if input_files else read_c4(source)
     eot, parts = np.array([enc.eot_token], dtype=np.uint16), []
     while chunk := list(itertools.islice(documents, 1024)):
+        if recipe == 'paper':
+            rows = np.array(enc.rows(chunk, row_tokens), dtype=np.uint16)  # (documents, row_tokens)
+            parts += list(rows[(rows != enc.pad_token).sum(1) >= 2])
+            continue
         for ids in pool.map(lambda text: enc.encode_to_numpy(text, disallowed_special=()), chunk):
             parts += [ids.astype(np.uint16), eot]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
@@ -150,15 +180,17 @@ def split_off_validation(enc, pool, meta, files):
         meta.setdefault('stamps', {})[source] = stamp(source)
         tokens = tokenize(enc, source, pool)
         take = min(len(tokens), val_tokens - total)
+        if recipe == 'paper':  # whole rows
+            take = min(len(tokens), -(-take // row_tokens) * row_tokens)
         parts.append(tokens[:take])
         taken.append(take)
         total += take
-        if total == val_tokens:
+        if total >= val_tokens:
             break
     if total < val_tokens or (len(taken) == len(files) and take == len(tokens)):  # nothing left to train on
         raise SystemExit(f"the input files hold only {total:,} tokens, all taken by the validation split "
                          f"(val_tokens={val_tokens:,}): pass a lower --val_tokens or --val_files")
-    meta['splits']['val'] = {'sources': files[:len(taken)], 'shards': ['val_000000.bin'], 'tokens': val_tokens,
+    meta['splits']['val'] = {'sources': files[:len(taken)], 'shards': ['val_000000.bin'], 'tokens': total,
                              'taken': taken}
     save(meta, 'val_000000.bin', np.concatenate(parts))
     return taken
@@ -224,12 +256,24 @@ def prepare():
         if both:
             raise SystemExit(f"{both[0]} is both a training file (input_files) and a validation file (val_files): the "
                              f"validation loss would be measured on text the model trains on; give disjoint globs")
-    settings = {'encoding': encoding, 'c4_path': None if input_files else c4_path, 'train_files': train,
-                'val_files': val, 'val_tokens': None if val else val_tokens}
+    if recipe not in ('packed', 'paper'):
+        raise SystemExit(f"recipe={recipe!r}: expected 'packed' or 'paper'")
+    if recipe == 'paper' and not input_files:  # the official validation: C4's, streamed, shuffled with seed 42
+        val = [PAPER_VALIDATION]
+    source = os.path.abspath(tokenizer) if os.path.exists(tokenizer) else tokenizer  # a local folder: from anywhere
+    settings = {'encoding': 'hf:' + source if recipe == 'paper' else encoding, 'c4_path': None if input_files else c4_path,
+                'train_files': train, 'val_files': val, 'val_tokens': None if val else val_tokens}
+    if recipe == 'paper':
+        settings |= {'recipe': 'paper', 'row_tokens': row_tokens}
+        if row_tokens < 2:
+            raise SystemExit(f"row_tokens={row_tokens}: expected 2 or more")
     meta = open_out_dir(settings)  # before the encoding loads: a folder made otherwise is refused offline too
-    enc = get_encoding(encoding)
+    enc = get_encoding(settings['encoding'])
+    if enc.n_vocab > 65536:
+        raise SystemExit(f"{enc.name} has {enc.n_vocab:,} tokens: shards hold uint16 ids, at most 65,536")
     meta = meta or {'settings': settings, 'encoding': enc.name, 'vocab_size': enc.n_vocab, 'eot': enc.eot_token,
-                    'splits': {}}
+                    'splits': {}, **({'recipe': 'paper', 'row_tokens': row_tokens, 'pad': enc.pad_token}
+                                     if recipe == 'paper' else {})}
     with ThreadPoolExecutor(num_proc) as pool:  # a rerun skips every shard that exists
         if val:
             write_split(enc, pool, meta, 'val', val)

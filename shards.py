@@ -152,11 +152,41 @@ class ByteEncoding:
         return bytes(t for t in tokens if t < 256).decode('utf-8', errors='replace')
 
 
+class TokenizerEncoding:
+    """A Hugging Face tokenizer (the paper's recipe: T5's SentencePiece), with the methods of tiktoken's we use. Its
+    name, 'hf:' + the tokenizer's hub name or local folder, is what meta.json and checkpoints record."""
+
+    def __init__(self, source):
+        try:
+            from transformers import AutoTokenizer
+            self.tokenizer = AutoTokenizer.from_pretrained(source)
+        except ImportError:
+            raise SystemExit("the paper's recipe tokenises with transformers: pip install transformers") from None
+        except Exception as e:  # no network and no such folder, or a folder that holds no tokenizer
+            raise SystemExit(f"could not load the tokenizer {source!r} ({type(e).__name__}): give a hub name with a "
+                             f"network, or a local folder holding tokenizer.json") from None
+        self.name, self.n_vocab = 'hf:' + source, len(self.tokenizer)
+        self.eot_token, self.pad_token = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+
+    def encode_to_numpy(self, text, disallowed_special=()):
+        return np.array(self.tokenizer(text, add_special_tokens=False)['input_ids'], dtype=np.int64)
+
+    def decode(self, tokens):
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def rows(self, texts, row_tokens):
+        """The official pipeline's rows: each text tokenised alone, its end token added, truncated and padded to
+        row_tokens (GaLore's and CoLA's data loader calls the tokenizer exactly so)."""
+        return self.tokenizer(texts, max_length=row_tokens, truncation=True, padding='max_length')['input_ids']
+
+
 def get_encoding(name):
     if name == 'byte':
         return ByteEncoding()
+    if name.startswith('hf:'):
+        return TokenizerEncoding(name[3:])
     if name != 'gpt2':
-        raise SystemExit(f"encoding={name!r}: expected 'gpt2' or 'byte'")
+        raise SystemExit(f"encoding={name!r}: expected 'gpt2', 'byte' or 'hf:' + a tokenizer's name or folder")
     try:
         import tiktoken
         return tiktoken.get_encoding('gpt2')

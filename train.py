@@ -178,13 +178,15 @@ def log(*args):
 # ----------------------------------------------------------------------------- data
 class TokenStream:
     """A split's shards as one stream of tokens, cut into sequences of T+1 tokens (inputs and the targets
-    shifted by one): sequence j of the split is tokens [j*T, (j+1)*T], j < N = (tokens - 1) // T.
+    shifted by one): sequence j of the split is tokens [j*T, (j+1)*T], j < N = (tokens - 1) // T. With the paper's
+    recipe the stream is rows of T+1 tokens, one document each, padded: sequence j is row j, and its padding is
+    no target (-1, which the loss ignores), as the official code's labels -100.
     Evaluation reads the val split's sequences in order from its start. Training reads the train split
     in passes: the i-th sequence read is sequence order_p[i mod N] with p = i // N and order_p a random
     permutation seeded by (seed, p), so each pass reads every sequence once, in an order of its own."""
 
     def __init__(self, split, shuffled):
-        self.shards = []
+        self.shards, self.largest = [], 0
         for name in meta['splits'][split]['shards']:
             path = shard_path(data_dir, name)
             try:
@@ -196,12 +198,19 @@ class TokenStream:
                 raise SystemExit(f"{path}: token id {largest} is outside the {meta['encoding']} vocabulary "
                                  f"of {meta['vocab_size']} tokens that {data_dir}/meta.json records")
             self.shards.append(tokens)
+            self.largest = max(self.largest, largest)  # the largest token id of the split
         self.starts = np.cumsum([0] + [len(s) for s in self.shards])
-        self.n_sequences = (self.starts[-1] - 1) // block_size
+        self.stride = block_size + 1 if rows_recipe else block_size  # rows do not overlap; packed sequences share a token
+        self.n_sequences = (self.starts[-1] - (0 if rows_recipe else 1)) // self.stride
         if self.n_sequences < 1:
             raise SystemExit(f"block_size={block_size} is longer than the {split} split of {data_dir}/ "
                              f"({self.starts[-1]:,} tokens)")
         self.shuffled, self.order_pass, self.order = shuffled, None, None
+
+    def nonpad_rows(self, tokens):
+        """How many of the split's first rows (the paper's recipe) hold `tokens` targets that are not padding."""
+        counts = np.concatenate([(s.reshape(-1, self.stride)[:, 1:] != meta['pad']).sum(1) for s in self.shards])
+        return int(np.searchsorted(np.cumsum(counts), tokens)) + 1
 
     def sequence(self, i):
         """The T+1 tokens of the i-th sequence read, across shard boundaries."""
@@ -210,7 +219,7 @@ class TokenStream:
             if self.order_pass != p:  # a new pass (or a resume): its permutation, made once
                 self.order_pass, self.order = p, np.random.default_rng([seed, p]).permutation(self.n_sequences)
             j = self.order[j]
-        start, n, out = j * block_size, block_size + 1, []
+        start, n, out = j * self.stride, block_size + 1, []
         while n > 0:
             shard = np.searchsorted(self.starts, start, side='right') - 1
             piece = self.shards[shard][start - self.starts[shard]:][:n]
@@ -221,7 +230,9 @@ class TokenStream:
     def batch(self, first, n):
         """Inputs and targets (n, T) of the sequences read first, first + 1, ..., on device (asynchronously on CUDA)."""
         rows = torch.from_numpy(np.stack([self.sequence(i) for i in range(first, first + n)]).astype(np.int64))
-        x, y = rows[:, :-1], rows[:, 1:]
+        x, y = rows[:, :-1], rows[:, 1:].clone()
+        if rows_recipe:
+            y[y == meta['pad']] = -1  # padding predicts nothing
         if device_type == 'cuda':
             return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
         return x, y
@@ -233,9 +244,15 @@ if not os.path.exists(os.path.join(data_dir, 'meta.json')):
 meta = load_meta(data_dir)
 if not {'train', 'val'} <= meta['splits'].keys():
     raise SystemExit(f"{data_dir}/ is not finished: rerun the prepare.py command that made it (it resumes)")
+rows_recipe = meta.get('recipe') == 'paper'
+if rows_recipe and block_size != meta['row_tokens'] - 1:
+    raise SystemExit(f"block_size={block_size}: {data_dir}/ holds the paper's rows of {meta['row_tokens']} tokens, "
+                     f"{meta['row_tokens'] - 1} inputs and targets each; give --block_size={meta['row_tokens'] - 1}")
 train_data, val_data = TokenStream('train', shuffled=True), TokenStream('val', shuffled=False)
-# The validation budget: whole batches on every process, never more than the val split holds.
-eval_batches = min(max(1, eval_tokens // (batch_size * block_size * world_size)),
+# The validation budget: whole batches on every process, never more than the val split holds (the paper's rows:
+# as many rows as hold eval_tokens targets that are not padding).
+eval_batches = min(max(1, -(-val_data.nonpad_rows(eval_tokens) // (batch_size * world_size)) if rows_recipe else
+                       eval_tokens // (batch_size * block_size * world_size)),
                    val_data.n_sequences // (batch_size * world_size))
 if eval_batches == 0:
     raise SystemExit(f"the val split of {data_dir}/ ({val_data.starts[-1]:,} tokens) is smaller than one evaluation "
@@ -266,9 +283,13 @@ if init_from == 'resume':
     if checkpoint.get('data_splits', meta['splits']) != meta['splits']:
         raise SystemExit(f"{data_dir}/ holds other data than the run was trained on (its meta.json differs from the "
                          f"checkpoint's record): resume with the run's data_dir={checkpoint['config']['data_dir']!r}")
-if meta['vocab_size'] > model_fields['vocab_size']:
+if meta['vocab_size'] > model_fields['vocab_size'] and not rows_recipe:
     raise SystemExit(f"vocab_size={model_fields['vocab_size']} is smaller than the vocabulary of {data_dir}/ "
                      f"({meta['encoding']}, {meta['vocab_size']} tokens)")
+if rows_recipe and max(train_data.largest, val_data.largest) >= model_fields['vocab_size']:  # (T5's 100 sentinel ids,
+    # above the paper's 32,000, never occur in plain text: the paper's model has 32,000 rows, and so may ours)
+    raise SystemExit(f"vocab_size={model_fields['vocab_size']} is too small for {data_dir}/, which holds token id "
+                     f"{max(train_data.largest, val_data.largest)} ({meta['encoding']})")
 try:
     model_config = ModelConfig(**model_fields)
 except ValueError as e:
@@ -385,7 +406,8 @@ def evaluate():
         x, y = val_data.batch((b * world_size + rank_id) * batch_size, batch_size)
         with autocast:
             _, loss = model(x, y)
-        total += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=device, dtype=torch.float64)])
+        targets = (y >= 0).sum().double()  # (the paper's rows: not padding)
+        total += torch.stack([loss.double() * targets, targets])
     if distributed:
         dist.all_reduce(total)
     model.train()
@@ -512,6 +534,7 @@ if mlp == 'elas' and elas_warmup_iters >= max_iters:
                             f"--elas_warmup_iters={max_iters // 10} (the paper's 1,000 of 10,000 steps)")
 for misfit in schedule_misfits:
     log(f"max_iters={max_iters} and {misfit}")
+targets_seen = torch.zeros((), device=device, dtype=torch.long)  # since the last log
 process_start = t0 = time.time()
 x, y = train_batch(data_position, 0)  # the first micro-batch; each next one loads while the current one computes
 while True:
@@ -539,6 +562,7 @@ while True:
         # recorded once its checkpoints are on disk: a log never holds a result whose state was not saved
         record({'iter': iter_num, 'val_loss': val_loss, 'val_ppl': math.exp(min(val_loss, 50))})
         t0, timed_from = time.time(), iter_num  # leave the evaluation out of the step times
+        targets_seen.zero_()
     if iter_num >= max_iters:
         break
 
@@ -548,6 +572,7 @@ while True:
         last = micro_step == gradient_accumulation_steps - 1
         with gradient_sync(last), autocast:
             _, loss = model(x, y)
+        targets_seen += (y >= 0).sum()  # the tokens trained on (the paper's rows: not padding), for tokens/s
         # prefetch the next micro-batch (after the last, the next step's first) while the GPU computes
         x, y = train_batch(data_position + last * sequences_per_step, (micro_step + 1) % gradient_accumulation_steps)
         (loss / gradient_accumulation_steps).backward()
@@ -582,13 +607,16 @@ while True:
     if iter_num % log_interval == 0 or iter_num == max_iters:
         if distributed:
             dist.all_reduce(step_loss, op=dist.ReduceOp.AVG)
+            dist.all_reduce(targets_seen)
         loss_value = step_loss.item()
         grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, 'full_tensor') else grad_norm
         stop_if_not_finite(loss_value, 'the training loss')
         stop_if_not_finite(grad_norm.item(), 'the gradient norm')
         trained_s += time.time() - t0
         dt = (time.time() - t0) / (iter_num - timed_from)  # seconds per step since the last log
+        tokens_per_s = targets_seen.item() / (dt * (iter_num - timed_from))
         t0, timed_from = time.time(), iter_num
+        targets_seen.zero_()
         mfu = flops_per_step / dt / (peak_flops * world_size) if peak_flops else None
         memory = torch.cuda.max_memory_allocated(device) / 2**30 if device_type == 'cuda' else None
         eta = trained_s / (iter_num - start_iter) * (max_iters - iter_num)  # the whole run's rate, steadier than the last interval's
@@ -598,11 +626,11 @@ while True:
                 f"start train.py with OMP_NUM_THREADS set to the free cores (README, quick start)")
         fastest_dt = min(fastest_dt, dt)
         log(f"iter {iter_num}/{max_iters}: loss {loss_value:.4f}, lr {lr:.2e}, grad norm {grad_norm.item():.3f}, "
-            f"{dt * 1000:.0f} ms/iter, {tokens_per_step / dt:,.0f} tokens/s"
+            f"{dt * 1000:.0f} ms/iter, {tokens_per_s:,.0f} tokens/s"
             + (f", MFU {mfu:.1%}" if mfu else '') + (f", peak memory {memory:.1f} GiB" if memory else '')
             + f", eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m")
         record({'iter': iter_num, 'loss': loss_value, 'lr': lr, 'grad_norm': grad_norm.item(), 'ms_per_iter': dt * 1000,
-                'tokens_per_s': tokens_per_step / dt, 'mfu': mfu, 'peak_memory_gib': memory,
+                'tokens_per_s': tokens_per_s, 'mfu': mfu, 'peak_memory_gib': memory,
                 **({'sparse_24': iter_num - 1 >= elas_warmup_iters} if mlp == 'elas' else {})})
 
     # 7. a stop signal: this step's state saved, then out; under torchrun the processes agree at each log

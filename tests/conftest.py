@@ -1,3 +1,4 @@
+import json
 import os
 import random
 
@@ -15,7 +16,7 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault('TRITON_INTERPRET', '1')
 import kernels  # noqa: E402
-from helpers import run  # noqa: E402
+from helpers import run, t5_like_tokenizer  # noqa: E402
 from dataclasses import replace  # noqa: E402
 
 from model import ModelConfig, Transformer  # noqa: E402
@@ -87,3 +88,19 @@ def assert_cola_m_exact(config):
     torch.testing.assert_close(loss_m, loss, rtol=1e-6, atol=1e-6)
     for name in grads:
         torch.testing.assert_close(grads_m[name], grads[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope='module')
+def paper_data(tmp_path_factory):
+    """A folder with a T5-like tokenizer (tok/) and the paper's recipe's rows (data/, 32 tokens a row) of made-up
+    documents of 1 to 40 words, one per JSON line (train.jsonl, val.jsonl): many padded, some truncated."""
+    folder = tmp_path_factory.mktemp('paper')
+    rng = random.Random(1)
+    words = ['the', 'cat', 'sees', 'a', 'dog', 'likes', 'bread', 'king', 'finds', 'sea', 'bird', 'my', 'friend']
+    docs = [' '.join(rng.choice(words) for _ in range(rng.randint(1, 40))) + '.' for _ in range(1200)]
+    t5_like_tokenizer(folder / 'tok', docs)
+    for name, part in [('train.jsonl', docs[200:]), ('val.jsonl', docs[:200])]:
+        (folder / name).write_text(''.join(json.dumps({'text': d}) + '\n' for d in part))
+    run(folder, 'prepare.py', '--recipe=paper', '--tokenizer=tok', '--row_tokens=32', '--input_files=train.jsonl',
+        '--val_files=val.jsonl', '--out_dir=data')
+    return folder

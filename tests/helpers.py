@@ -46,3 +46,22 @@ def train_log(folder):
     records = [json.loads(line) for line in open(os.path.join(folder, 'log.jsonl'))]
     losses = {r['iter']: r['loss'] for r in records if 'loss' in r}
     return losses, {r['iter']: r['val_loss'] for r in records if 'val_loss' in r}
+
+
+def t5_like_tokenizer(folder, texts, vocab_size=120):
+    """A tiny stand-in for T5's tokenizer (the hub is out of reach in tests): a SentencePiece-style Unigram model
+    trained with `tokenizers` on texts, T5's special tokens (<pad> 0, </s> 1, <unk> 2) and its post-processor (the
+    end token after each text), saved as a folder that transformers' AutoTokenizer loads as a T5Tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement='▁', prepend_scheme='always')
+    tokenizer.decoder = decoders.Metaspace(replacement='▁', prepend_scheme='always')
+    tokenizer.train_from_iterator(texts, trainers.UnigramTrainer(vocab_size=vocab_size, unk_token='<unk>',
+                                                                 special_tokens=['<pad>', '</s>', '<unk>']))
+    tokenizer.post_processor = processors.TemplateProcessing(single='$A </s>', special_tokens=[('</s>', 1)])
+    os.makedirs(folder, exist_ok=True)
+    tokenizer.save(os.path.join(folder, 'tokenizer.json'))
+    with open(os.path.join(folder, 'tokenizer_config.json'), 'w') as f:
+        json.dump({'tokenizer_class': 'T5Tokenizer', 'pad_token': '<pad>', 'eos_token': '</s>', 'unk_token': '<unk>',
+                   'extra_ids': 0, 'model_max_length': 512}, f)
+    return str(folder)

@@ -126,6 +126,7 @@ def test_evaluate_py_scores_the_built_in_tasks_and_the_four_published_formats(tr
     (['--lambada=one_word.jsonl'], "one_word.jsonl:1: 'text' 'word ' has no context and last word to predict"),
     (['--lambada=number.jsonl'], "number.jsonl:1: 'text' is int 42: expected text"),
     (['--seed=-1'], 'seed=-1: expected 0 or more'),
+    (['--piqa=labelled.jsonl', '--piqa_labels=piqa-labels.lst'], "labelled.jsonl:1: its label 1 differs from line 1"),
     (['--device=cuda:7' if torch.cuda.device_count() < 8 else '--device=cuda:99'], "expected 'cpu', or 'cuda' on a machine"),
 ])
 def test_bad_task_files_and_settings_are_one_line_errors(trained, args, message):
@@ -143,7 +144,18 @@ def test_bad_task_files_and_settings_are_one_line_errors(trained, args, message)
     (trained / 'binary.lst').write_bytes(b'\xff\n')
     (trained / 'one_word.jsonl').write_text(json.dumps({'text': 'word '}) + '\n')
     (trained / 'number.jsonl').write_text(json.dumps({'text': 42}) + '\n')
+    (trained / 'labelled.jsonl').write_text(json.dumps({'goal': 'g', 'sol1': 'a', 'sol2': 'b', 'label': 1}) + '\n')
     (trained / 'bad_arc.jsonl').write_text(json.dumps({'question': {'stem': 'q', 'choices': [
         {'text': 'a', 'label': 'A'}, {'text': 'b', 'label': 'B'}]}, 'answerKey': 'E'}) + '\n')
     refused(run(trained, 'evaluate.py', '--out_dir=ev', '--items=5', '--context_tokens=16', '--choice_tokens=8', *args,
                 check=False), message)
+
+
+def test_evaluate_py_scores_a_paper_recipe_run_with_its_own_tokenizer(paper_data):
+    run(paper_data, 'train.py', '--data_dir=data', '--out_dir=ev-paper', '--n_layer=1', '--n_head=2', '--n_embd=32',
+        '--intermediate_size=64', '--rank=8', '--block_size=31', '--batch_size=4', '--max_iters=2', '--eval_tokens=200',
+        '--device=cpu', '--compile_model=False')
+    r = run(paper_data, 'evaluate.py', '--out_dir=ev-paper', '--items=10', '--context_tokens=16', '--choice_tokens=8',
+            '--as_json')
+    scores = json.loads(r.stdout)['scores']
+    assert scores['next_passage']['items'] == 10 and 0 <= scores['last_word']['acc'] <= 1

@@ -226,3 +226,28 @@ def test_an_empty_out_dir_made_beforehand_is_used(tmp_path):
     r = run_prepare(tmp_path, '--input_files=src/ok.jsonl', '--encoding=byte', '--val_tokens=2', '--out_dir=out')
     assert r.returncode == 0, r.stderr
     assert (tmp_path / 'out' / 'meta.json').exists()
+
+
+def test_the_paper_recipes_rows_are_the_official_pipelines_token_for_token_and_pad_for_pad(paper_data):
+    """Each document its own row: what transformers' tokenizer call in GaLore's and CoLA's loader gives (max_length,
+    truncation, padding='max_length'), in the documents' order, and nothing else."""
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(str(paper_data / 'tok'))
+    meta = json.loads((paper_data / 'data' / 'meta.json').read_text())
+    assert (meta['recipe'], meta['row_tokens'], meta['pad'], meta['eot']) == ('paper', 32, 0, 1)
+    assert meta['encoding'] == f"hf:{paper_data / 'tok'}" and meta['vocab_size'] == len(tokenizer)
+    for split, source in [('train', 'train.jsonl'), ('val', 'val.jsonl')]:
+        docs = [json.loads(line)['text'] for line in (paper_data / source).read_text().splitlines()]
+        official = tokenizer(docs, max_length=32, truncation=True, padding='max_length')['input_ids']
+        rows = np.concatenate([read_shard(paper_data / 'data' / s) for s in meta['splits'][split]['shards']])
+        np.testing.assert_array_equal(rows.reshape(-1, 32), np.array(official))
+    assert 0 < np.mean(rows == 0) < 0.9 and any(row[-1] == 1 and row[-2] != 0 for row in official)  # padded; truncated
+
+
+def test_the_paper_recipe_leaves_out_documents_with_nothing_to_predict(tmp_path, paper_data):
+    (tmp_path / 'docs.jsonl').write_text(''.join(json.dumps({'text': t}) + '\n' for t in ['the cat', '', 'a dog sees']))
+    r = run_prepare(tmp_path, '--recipe=paper', f"--tokenizer={paper_data / 'tok'}", '--row_tokens=8',
+                    '--input_files=docs.jsonl', '--val_tokens=8', '--out_dir=out')
+    assert r.returncode == 0, r.stderr
+    rows = np.concatenate([read_shard(p) for p in sorted((tmp_path / 'out').glob('*.bin'))]).reshape(-1, 8)
+    assert len(rows) == 2 and all((row != 0).sum() >= 2 for row in rows)  # the empty one, its end token alone, is gone

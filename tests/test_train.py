@@ -36,6 +36,11 @@ def test_a_shortened_run_names_each_schedule_that_no_longer_fits_and_its_fix(dat
     out = run(data, 'train.py', *TINY, *method, '--data_dir=data', f'--out_dir=short{len(misfits)}', '--max_iters=2',
               '--eval_tokens=128').stdout
     lines = [line for line in out.splitlines() if line.startswith('max_iters=2 and ')]
+    first = {'tsvd-elas': 'training TSVD + ELAS (start rank 16, ranks adapted every 1000 steps',
+             'relora': 'training ReLoRA (rank 16; of the parameters below',
+             'galore': 'training GaLore (gradients projected to rank 8, the projector refreshed every 200 steps'}
+    kind = 'galore' if '--optimizer=galore' in method else 'relora' if '--projection=relora' in method else 'tsvd-elas'
+    assert out.startswith(first[kind]), out.splitlines()[0]  # the first line: what the method is set to do
     for misfit in misfits:
         assert any(misfit in line for line in lines), (misfit, out)
 
@@ -358,3 +363,48 @@ def test_a_config_file_that_fails_is_one_line_naming_it_and_its_line(tmp_path, c
     (tmp_path / 'bad.py').write_bytes(content)
     with pytest.raises(SystemExit, match=f"config file '{tmp_path / 'bad.py'}'.*{message}".replace('(', r'\(')):
         read_config_file(str(tmp_path / 'bad.py'))
+
+
+def test_the_paper_recipes_padding_is_no_target_in_the_loss_the_evaluation_or_tokens_per_s(paper_data):
+    """On rows of one document each: the first step's loss and the validation loss at iter 0 are the mean token
+    loss over the targets that are not padding, computed here by hand (log-softmax, gathered); the validation
+    budget counts those targets; perplexity is exp of that mean."""
+    import torch
+    from model import ModelConfig, Transformer
+    from shards import read_shard
+    R, B, seed = 32, 4, 3
+    train_rows = read_shard(paper_data / 'data' / 'train_000000.bin').astype(np.int64).reshape(-1, R)
+    val_rows = read_shard(paper_data / 'data' / 'val_000000.bin').astype(np.int64).reshape(-1, R)
+    settings = ['--data_dir=data', '--n_layer=2', '--n_head=2', '--n_embd=64', '--intermediate_size=128', '--rank=16',
+                f'--block_size={R - 1}', f'--batch_size={B}', '--max_iters=1', '--eval_interval=1', '--eval_tokens=300',
+                '--log_interval=1', '--device=cpu', '--dtype=float32', '--compile_model=False', f'--seed={seed}']
+    vocab = -(-json.loads((paper_data / 'data' / 'meta.json').read_text())['vocab_size'] // 64) * 64  # train.py's padding
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig(vocab_size=vocab, block_size=R - 1, n_layer=2, n_head=2, n_embd=64,
+                                    intermediate_size=128, rank=16))
+
+    def by_hand(rows):  # mean over the targets that are not padding (id 0)
+        rows = torch.from_numpy(rows)
+        with torch.no_grad():  # (given targets, the model returns every position's logits)
+            logits, _ = model(rows[:, :-1], rows[:, 1:])
+        logp = torch.log_softmax(logits.double(), -1).gather(-1, rows[:, 1:, None])[..., 0]
+        return (logp[rows[:, 1:] != 0].mean() * -1).item()
+
+    first = train_rows[np.random.default_rng([seed, 0]).permutation(len(train_rows))[:B]]
+    k = int(np.searchsorted(np.cumsum((val_rows[:, 1:] != 0).sum(1)), 300)) + 1  # rows holding 300 real targets
+    evaluated = val_rows[:-(-k // B) * B]
+    r = run(paper_data, 'train.py', *settings, '--out_dir=paper-run')
+    losses, val = train_log(paper_data / 'paper-run')
+    assert losses[1] == pytest.approx(by_hand(first), rel=1e-5) and val[0] == pytest.approx(by_hand(evaluated), rel=1e-5)
+    record = next(json.loads(line) for line in open(paper_data / 'paper-run' / 'log.jsonl') if '"val_ppl"' in line)
+    assert record['val_ppl'] == pytest.approx(np.exp(record['val_loss']))
+    step = next(json.loads(line) for line in open(paper_data / 'paper-run' / 'log.jsonl') if '"tokens_per_s"' in line)
+    real = (first[:, 1:] != 0).sum()  # tokens/s counts these, not the step's B x 31 positions
+    assert step['tokens_per_s'] == pytest.approx(real / (step['ms_per_iter'] / 1000), rel=1e-6)
+    refused(run(paper_data, 'train.py', *settings[:-1], '--block_size=32', '--out_dir=paper-bad', check=False),
+            "block_size=32: data/ holds the paper's rows of 32 tokens, 31 inputs and targets each; give --block_size=31")
+    refused(run(paper_data, 'train.py', *settings, '--vocab_size=8', '--out_dir=paper-small', check=False),
+            "vocab_size=8 is too small for data/, which holds token id")
+    out = run(paper_data, 'sample.py', '--out_dir=paper-run', '--start=the cat', '--num_samples=1', '--max_new_tokens=5',
+              '--device=cpu').stdout
+    assert out.startswith('the cat')  # decoded with the run's own tokenizer
