@@ -258,6 +258,9 @@ def prepare():
                              f"validation loss would be measured on text the model trains on; give disjoint globs")
     if recipe not in ('packed', 'paper'):
         raise SystemExit(f"recipe={recipe!r}: expected 'packed' or 'paper'")
+    if recipe == 'packed' and encoding not in ('gpt2', 'byte'):
+        raise SystemExit(f"encoding={encoding!r}: expected 'gpt2' or 'byte' (a Hugging Face tokenizer: --recipe=paper "
+                         f"--tokenizer=NAME)")
     if recipe == 'paper' and not input_files:  # the official validation: C4's, streamed, shuffled with seed 42
         val = [PAPER_VALIDATION]
     source = os.path.abspath(tokenizer) if os.path.exists(tokenizer) else tokenizer  # a local folder: from anywhere
