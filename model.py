@@ -33,9 +33,9 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from methods import elas, lowrank, relora, sltrain, tsvd
 
 try:
-    import kernels  # the fused CoLA up-projection; without Triton installed, CoLA layers run eager PyTorch
+    import cola_op  # the fused CoLA up-projection; without Triton installed, CoLA layers run eager PyTorch
 except ImportError:
-    kernels = None
+    cola_op = None
 
 
 @dataclass
@@ -61,7 +61,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     # how to run it, not what it is: a checkpoint loads whatever these say
     checkpointing: str = 'none'  # 'none' | 'full' (recompute whole blocks) | 'cola-m' (CoLA-M)
-    fused_cola: bool = True  # up-projections through kernels.silu_matmul (keeps z, not silu(z)); False: eager PyTorch
+    fused_cola: bool = True  # up-projections through cola_op.silu_matmul (keeps z, not silu(z)); False: eager PyTorch
 
     def __post_init__(self):
         for name in ('vocab_size', 'block_size', 'n_layer', 'n_head', 'n_embd', 'intermediate_size'):
@@ -137,7 +137,7 @@ class CoLALinear(nn.Module):
         std = rank ** -0.25 * (d_in + d_out) ** -0.25
         self.A = nn.Parameter(torch.randn(d_in, rank) * std)
         self.B = nn.Parameter(torch.randn(rank, d_out) * std)
-        self.fused = fused and kernels is not None
+        self.fused = fused and cola_op is not None
         self.down_product = torch.matmul  # x @ A; ELAS swaps in its 2:4 sparse product (the same numbers)
         # DLR: a fixed B-shaped residual (see latent_residual), saved with the weights
         self.register_buffer('dlr_residual', latent_residual(rank, d_out, dlr_alpha) if dlr_alpha > 0 else None)
@@ -153,7 +153,7 @@ class CoLALinear(nn.Module):
         # keeps z and silu(z).
         B = self.B if self.dlr_residual is None else self.B + self.dlr_residual  # (r, d_out)
         if self.fused:
-            return kernels.silu_matmul(z, B)
+            return cola_op.silu_matmul(z, B)
         return F.silu(z) @ B
 
     def fold_dlr(self):

@@ -70,7 +70,7 @@ relora_dropout = 0.0  # ReLoRA: dropout on the LoRA branch's input (official 0.1
 norm_eps = 1e-6  # RMSNorm's epsilon
 rope_theta = 10000.0  # RoPE's base
 checkpointing = 'none'  # or 'full' (whole blocks recomputed), or 'cola-m' (CoLA-M)
-fused_cola = True  # CoLA's up-projections through kernels.py's op (keeps z, not silu(z)); False: eager PyTorch
+fused_cola = True  # CoLA's up-projections through cola_op.py's op (keeps z, not silu(z)); False: eager PyTorch
 # optimizer: AdamW, or GaLore / Fira (methods/galore.py); linear warmup then cosine decay to min_lr
 optimizer = 'adamw'  # 'adamw', or 'galore' / 'fira' on a full-rank model (rank=0): projected gradients
 galore_rank = 128  # GaLore / Fira: the projection's rank (the official 60m scripts' 128)

@@ -9,13 +9,13 @@ _SHARED_TIKTOKEN = os.path.join(os.path.dirname(__file__), '..', '..', 'shared',
 if os.path.isdir(_SHARED_TIKTOKEN):
     os.environ.setdefault('TIKTOKEN_CACHE_DIR', os.path.abspath(_SHARED_TIKTOKEN))
 
-# Without a GPU, Triton's interpreter runs the kernels on CPU tensors; it must be on when kernels.py
+# Without a GPU, Triton's interpreter runs the kernels on CPU tensors; it must be on when cola_op.py
 # defines them. With a GPU, the tests marked cuda run the compiled kernels.
 import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault('TRITON_INTERPRET', '1')
-import kernels  # noqa: E402
+import cola_op  # noqa: E402
 from helpers import run, t5_like_tokenizer  # noqa: E402
 from dataclasses import replace  # noqa: E402
 
@@ -51,7 +51,7 @@ def pytest_configure(config):
 def _interpret_only_where_marked(request, monkeypatch):
     # The interpreter is far too slow to train with: elsewhere CPU tensors take the PyTorch path.
     if 'triton' not in request.keywords:
-        monkeypatch.setattr(kernels, 'INTERPRET', False)
+        monkeypatch.setattr(cola_op, 'INTERPRET', False)
 
 
 def pytest_collection_modifyitems(config, items):

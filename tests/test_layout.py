@@ -8,7 +8,7 @@ import py_compile
 import pytest
 from helpers import ROOT, run
 
-SCRIPTS = {'train', 'prepare', 'sample', 'bench', 'compare', 'analyze'}  # run by users, imported by no one
+SCRIPTS = {'train', 'prepare', 'sample', 'bench', 'compare', 'analyze', 'export'}  # run by users, imported by no one
 
 
 def modules():
@@ -37,7 +37,7 @@ def test_no_import_cycles_and_no_script_imports_another():
     for name, deps in graph.items():
         assert not deps & SCRIPTS, f"{name} imports the script(s) {deps & SCRIPTS}"
         if name.startswith('methods.'):  # a method is switched on by the model or train.py, never the reverse
-            assert deps <= {'kernels'}, f"{name} imports {deps}"
+            assert deps <= {'cola_op'}, f"{name} imports {deps}"
     state = {}
 
     def visit(name, path):
@@ -55,7 +55,7 @@ def test_no_import_cycles_and_no_script_imports_another():
 
 @pytest.mark.parametrize('name,home', [('sparsify24', 'methods/elas.py'), ('ElasMLP', 'methods/elas.py'),
                                        ('TSVDLinear', 'methods/tsvd.py'), ('adapt_ranks', 'methods/tsvd.py'),
-                                       ('silu_mm', 'kernels.py')])
+                                       ('silu_mm', 'cola_op.py')])
 def test_a_methods_internals_appear_only_in_its_own_file(name, home):
     # outside its file a method is only switched on (its key, its MLP or layer class); its workings stay home
     allowed = {home, 'bench.py', 'model.py', 'analyze.py'} if name in ('ElasMLP', 'TSVDLinear') else {home}
@@ -69,8 +69,8 @@ def test_every_config_file_compiles_as_python(path, tmp_path):
 
 
 def test_the_kernel_benchmark_has_help_without_a_gpu():
-    out = run(ROOT, 'kernels.py', '--help').stdout
-    assert 'silu(z) @ B' in out and 'usage: python kernels.py' in out
+    out = run(ROOT, 'cola_op.py', '--help').stdout
+    assert 'silu(z) @ B' in out and 'usage: python cola_op.py' in out
 
 
 def test_docs_cite_the_papers_not_files_outside_the_repository():
@@ -90,7 +90,7 @@ def test_pytest_q_still_prints_the_summary_line_and_skip_reasons():
     import sys
     test = 'tests/test_layout.py::test_docs_cite_the_papers_not_files_outside_the_repository'
     r = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-n', '0', '-p', 'no:cacheprovider', test,
-                        'tests/test_kernels.py::test_cuda_kernels_match_reference'], cwd=ROOT, capture_output=True, text=True)
+                        'tests/test_cola_op.py::test_cuda_kernels_match_reference'], cwd=ROOT, capture_output=True, text=True)
     assert '1 passed' in r.stdout.splitlines()[-1], r.stdout
     if 'skipped' in r.stdout.splitlines()[-1]:  # without a GPU: the reason is shown
         assert 'SKIPPED' in r.stdout and 'needs a CUDA GPU' in r.stdout, r.stdout

@@ -309,7 +309,7 @@ def test_a_stalled_process_stops_a_distributed_run_after_dist_timeout_s(data):
 @pytest.mark.parametrize('script,setting', [('train.py', '--learning_rate=0.006'), ('prepare.py', "--encoding='gpt2'"),
                                             ('sample.py', '--top_k=200'), ('bench.py', '--seq_len=256'),
                                             ('compare.py', "--seeds=(1, 2, 3)"), ('analyze.py', '--directions=5'),
-                                            ('evaluate.py', '--items=200')])
+                                            ('evaluate.py', '--items=200'), ('export.py', "--export_dir=''")])
 def test_help_prints_the_docstring_and_every_setting_with_its_default_and_meaning(tmp_path, script, setting):
     r = run(tmp_path, script, '--help')
     first_line = open(os.path.join(ROOT, script)).read().split('"""')[1].strip().splitlines()[0]

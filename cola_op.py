@@ -27,7 +27,7 @@ same Triton pass under Triton's interpreter when TRITON_INTERPRET=1 is set befor
 tests check it without a GPU). The op and its backward are torch.library custom ops: torch.compile calls
 them as they are, with no graph break, and FlopCounterMode counts them by the formulas below.
 
-`python kernels.py` benchmarks forward+backward on a CUDA GPU against eager PyTorch, torch.compile and
+`python cola_op.py` benchmarks forward+backward on a CUDA GPU against eager PyTorch, torch.compile and
 the same six products alone.
 """
 
@@ -185,8 +185,8 @@ if __name__ == '__main__':
     import sys
     if '--help' in sys.argv or '-h' in sys.argv:
         print(__doc__.strip())
-        print('\nusage: python kernels.py   (needs a CUDA GPU; prints the benchmark table)')
+        print('\nusage: python cola_op.py   (needs a CUDA GPU; prints the benchmark table)')
         raise SystemExit(0)
     if not torch.cuda.is_available():
-        raise SystemExit("python kernels.py benchmarks the fused op on a CUDA GPU, and this machine has none")
+        raise SystemExit("python cola_op.py benchmarks the fused op on a CUDA GPU, and this machine has none")
     benchmark()

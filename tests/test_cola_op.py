@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
+import cola_op
 from bench import activation_bytes
 from conftest import TINY
 from helpers import ROOT, refused, run
@@ -34,7 +34,7 @@ def check_against_reference(lead, d_in, r, d_out, dtype, device='cpu'):
     B = (torch.randn(r, d_out, device=device) * r ** -0.5).to(dtype)
     dy = torch.randn(*lead, d_out, device=device).to(dtype)
     rtol, atol = TOLERANCES[dtype]
-    fused, eager = (forward_backward(op, x, A, B, dy) for op in (kernels.cola_matmul, eager_cola))
+    fused, eager = (forward_backward(op, x, A, B, dy) for op in (cola_op.cola_matmul, eager_cola))
     reference = forward_backward(eager_cola, *(t.double() for t in (x, A, B, dy)))  # float64
     for name, got, plain, want in zip(['y', 'dx', 'dA', 'dB'], fused, eager, reference):
         assert got.dtype == dtype and got.shape == want.shape, name
@@ -55,7 +55,7 @@ def test_fused_op_and_gradients_match_float64_reference(lead, d_in, r, d_out, dt
 def test_fused_op_takes_a_non_contiguous_input():
     x = torch.randn(13, 3, 75).transpose(0, 1)  # (3, 13, 75), not contiguous
     A, B = torch.randn(75, 19) * 0.1, torch.randn(19, 51) * 0.2
-    torch.testing.assert_close(kernels.cola_matmul(x, A, B), F.silu(x @ A) @ B, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cola_op.cola_matmul(x, A, B), F.silu(x @ A) @ B, rtol=1e-4, atol=1e-5)
 
 
 def test_pytorch_fallback_matches_reference():  # CPU without the interpreter: plain PyTorch
@@ -66,7 +66,7 @@ def test_pytorch_fallback_matches_reference():  # CPU without the interpreter: p
 def test_fused_op_keeps_only_z_where_eager_keeps_z_and_silu_z():
     x, A, B = torch.randn(64, 40, requires_grad=True), torch.randn(40, 16, requires_grad=True), torch.randn(16, 24, requires_grad=True)
     sizes = {}
-    for name, fn in [('fused', kernels.cola_matmul), ('eager', eager_cola)]:
+    for name, fn in [('fused', cola_op.cola_matmul), ('eager', eager_cola)]:
         saved = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
             fn(x, A, B)
@@ -122,4 +122,4 @@ def test_cuda_kernels_match_reference(dtype):
 def test_the_kernel_benchmark_says_it_needs_a_gpu():
     if torch.cuda.is_available():
         pytest.skip('this machine has a GPU')
-    refused(run(ROOT, 'kernels.py', check=False), 'benchmarks the fused op on a CUDA GPU, and this machine has none')
+    refused(run(ROOT, 'cola_op.py', check=False), 'benchmarks the fused op on a CUDA GPU, and this machine has none')

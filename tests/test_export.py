@@ -1,0 +1,39 @@
+"""export.py: runs whose projections are one matrix each load in plain transformers and compute the same logits."""
+import json
+
+import pytest
+import torch
+from conftest import TINY_TRAIN
+from helpers import refused, run
+
+from model import load_checkpoint, model_from_checkpoint
+
+
+@pytest.mark.parametrize('method', [[], ['--projection=relora', '--relora_interval=2'], ['--projection=tsvd'],
+                                    ['--projection=sltrain']], ids=['full-rank', 'relora', 'tsvd', 'sltrain'])
+def test_an_export_loads_in_plain_transformers_with_the_runs_logits(data, method):
+    from transformers import AutoModelForCausalLM
+    name = (method[0].split('=')[1] if method else 'full') + '-run'
+    rank = [] if method else ['--rank=0']
+    run(data, 'train.py', *TINY_TRAIN, *rank, *method, '--data_dir=data', f'--out_dir={name}', '--max_iters=3',
+        '--eval_interval=3')
+    run(data, 'export.py', f'--out_dir={name}', f'--export_dir={name}-hf')
+    ours = model_from_checkpoint(load_checkpoint(data / name / 'ckpt.pt')).eval()
+    theirs = AutoModelForCausalLM.from_pretrained(str(data / f'{name}-hf')).eval()  # no trust_remote_code
+    assert type(theirs).__name__ == 'LlamaForCausalLM'
+    idx = torch.randint(0, ours.config.vocab_size, (2, ours.config.block_size))
+    with torch.no_grad():
+        expected, _ = ours(idx, idx)  # (targets: every position's logits)
+        got = theirs(idx).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=2e-5)  # float32 rounding (TSVD's W formed in float64)
+
+
+def test_a_cola_run_and_an_existing_export_dir_are_refused_in_one_line(data):
+    run(data, 'train.py', *TINY_TRAIN, '--data_dir=data', '--out_dir=cola-run', '--max_iters=2', '--eval_interval=2')
+    refused(run(data, 'export.py', '--out_dir=cola-run', '--export_dir=cola-hf', check=False),
+            "this run's layers are CoLA-style factors, not one matrix each")
+    (data / 'taken').mkdir()
+    (data / 'taken' / 'config.json').write_text(json.dumps({'a user': 'file'}))
+    refused(run(data, 'export.py', '--out_dir=cola-run', '--export_dir=taken', check=False),
+            "export_dir='taken' already exists and is not an empty folder: nothing is overwritten")
+    assert json.loads((data / 'taken' / 'config.json').read_text()) == {'a user': 'file'}
