@@ -1,6 +1,7 @@
 """
 The files that the scripts share: token shards and meta.json (prepare.py writes them, train.py,
-analyze.py and sample.py read them), the two encodings, and the durable write every result goes through.
+analyze.py and sample.py read them), the encodings (GPT-2 BPE, bytes, a Hugging Face tokenizer), and the
+writes every result goes through.
 
 A shard, {split}_{i:06d}.bin, is a header of 256 int32 (MAGIC, VERSION, the token count, zeros) and then
 the tokens as uint16. meta.json records the settings a folder was made with, the encoding, its vocabulary
