@@ -231,7 +231,7 @@ def trained_and_held(run_dir):
 
 def interrupted(signum, frame):
     """Ctrl-C: the training runs get it too, save their step and stop (die_with_parent sends the rest SIGTERM)."""
-    raise SystemExit(f"interrupted: each run in progress saves its step; the same command continues the study")
+    raise SystemExit("interrupted: each run in progress saves its step; the same command continues the study")
 
 
 def run_steps(name):

@@ -498,7 +498,7 @@ def request_stop(signum, frame):
     global stop_requested
     if stop_requested:
         kept = (f"{checkpoint_path} holds the last saved state" if os.path.exists(checkpoint_path) else
-                f"no checkpoint was saved yet: start again with --start_over=True")
+                "no checkpoint was saved yet: start again with --start_over=True")
         raise SystemExit(f"{signal.Signals(signum).name} again: stopped at once; {kept}")
     stop_requested = signal.Signals(signum).name
 

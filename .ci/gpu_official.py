@@ -97,7 +97,6 @@ def measure(name, build, hf, autocast):
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else float('nan')
-    del model, optimizer
     return args.batch_size * T / statistics.median(times[3:]), peak, times[0]
 
 

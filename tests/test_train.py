@@ -393,7 +393,7 @@ def test_the_paper_recipes_padding_is_no_target_in_the_loss_the_evaluation_or_to
     first = train_rows[np.random.default_rng([seed, 0]).permutation(len(train_rows))[:B]]
     k = int(np.searchsorted(np.cumsum((val_rows[:, 1:] != 0).sum(1)), 300)) + 1  # rows holding 300 real targets
     evaluated = val_rows[:-(-k // B) * B]
-    r = run(paper_data, 'train.py', *settings, '--out_dir=paper-run')
+    run(paper_data, 'train.py', *settings, '--out_dir=paper-run')
     losses, val = train_log(paper_data / 'paper-run')
     assert losses[1] == pytest.approx(by_hand(first), rel=1e-5) and val[0] == pytest.approx(by_hand(evaluated), rel=1e-5)
     record = next(json.loads(line) for line in open(paper_data / 'paper-run' / 'log.jsonl') if '"val_ppl"' in line)
