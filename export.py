@@ -3,6 +3,8 @@ Export a train.py run as a Hugging Face folder that transformers loads with no c
 
     python export.py --out_dir=out-full-130m --export_dir=hf-full-130m
     # then: transformers.AutoModelForCausalLM.from_pretrained('hf-full-130m')
+    python export.py --import_dir=hf-llama --out_dir=out-from-llama --encoding=gpt2   # the other way
+    # then: python train.py ... --out_dir=out-from-llama --init_from=resume  (training starts from those weights)
 
 A run whose every projection is one matrix becomes a plain LlamaForCausalLM: full-rank (AdamW, GaLore, Fira), and
 the methods whose layers fold into one matrix after training (ReLoRA's W + s B A, SLTrain's s B A + S, TSVD's
@@ -12,6 +14,10 @@ RoPE rotating half of each head, SwiGLU, no biases, untied embeddings, so the we
 
 CoLA-style runs (CoLA, CoLA-M, DLR, Low-Rank, ELAS) are refused for now: a bottleneck silu(x A) B is not a Llama
 layer, and their export (our modeling code, and the official CoLA layout) is not written yet.
+
+The other way, --import_dir: a LlamaForCausalLM folder (config.json, model.safetensors) becomes out_dir/ckpt.pt, a
+full-rank checkpoint at step 0 with a fresh AdamW state, which train.py continues with --init_from=resume and the
+folder's shapes; its encoding is the folder's tokenizer if it has one, else --encoding (the data's, e.g. gpt2).
 """
 
 import json
@@ -21,42 +27,75 @@ import sys
 import torch
 
 from configurator import configure, public_settings
-from model import describe_checkpoint, load_checkpoint, model_from_checkpoint
+from model import ModelConfig, RMSNorm, Transformer, describe_checkpoint, load_checkpoint, model_from_checkpoint
 from shards import get_encoding, write_durably
 
 # ----------------------------------------------------------------------------- config
 out_dir = 'out'  # the run whose checkpoint is exported
 checkpoint_name = 'ckpt.pt'  # 'ckpt.pt' (the latest state) or 'best.pt'
 export_dir = ''  # the folder to write; it must not exist yet or be empty
+import_dir = ''  # instead: a Hugging Face LlamaForCausalLM folder to make out_dir/ckpt.pt from
+encoding = ''  # with import_dir: the encoding of the data it will train on ('gpt2', 'byte'; '' = its own tokenizer)
 
 
-def dense_weight(module):
-    """A projection as one (d_out, d_in) matrix (nn.Linear's layout), or None where it is not one."""
-    if isinstance(module, torch.nn.Linear):
-        return module.weight
-    return module.dense_weight().float() if hasattr(module, 'dense_weight') else None
+def llama_names(config):
+    """nanoCoLA's state-dict names -> Hugging Face Llama's, layer for layer."""
+    names = {'tok_emb.weight': 'model.embed_tokens.weight', 'norm.weight': 'model.norm.weight',
+             'lm_head.weight': 'lm_head.weight'}
+    for i in range(config.n_layer):
+        ours, theirs = f'blocks.{i}.', f'model.layers.{i}.'
+        names[ours + 'attn_norm.weight'] = theirs + 'input_layernorm.weight'
+        names[ours + 'mlp_norm.weight'] = theirs + 'post_attention_layernorm.weight'
+        names |= {f'{ours}attn.{p}.weight': f'{theirs}self_attn.{p}.weight' for p in ('q_proj', 'k_proj', 'v_proj', 'o_proj')}
+        names |= {f'{ours}mlp.{p}.weight': f'{theirs}mlp.{p}.weight' for p in ('gate_proj', 'up_proj', 'down_proj')}
+    return names
+
+
+def one_matrix(module):
+    """A module's weight as one matrix (nn.Linear's (d_out, d_in) layout; ReLoRA, SLTrain and TSVD formed from their
+    parts), or None for CoLA-style factors."""
+    if hasattr(module, 'dense_weight'):
+        return module.dense_weight()
+    return module.weight if isinstance(module, (torch.nn.Linear, torch.nn.Embedding, RMSNorm)) else None
 
 
 def llama_state(model):
     """Hugging Face LlamaForCausalLM's state dict of a nanoCoLA model, or a one-line exit naming what does not fit."""
-    config = model.config
-    if config.mlp != 'swiglu' or config.only_lr_act:  # ELAS's squared-ReLU MLP, or SwiGLU without its SiLU
-        raise SystemExit("this run's layers are CoLA-style (a bottleneck or ELAS's MLP), not Llama's: their export is "
-                         "not written yet; export.py takes full-rank, GaLore, Fira, ReLoRA, SLTrain and TSVD runs")
-    state = {'model.embed_tokens.weight': model.tok_emb.weight, 'model.norm.weight': model.norm.weight,
-             'lm_head.weight': model.lm_head.weight}
-    for i, block in enumerate(model.blocks):
-        prefix = f'model.layers.{i}.'
-        state[prefix + 'input_layernorm.weight'] = block.attn_norm.weight
-        state[prefix + 'post_attention_layernorm.weight'] = block.mlp_norm.weight
-        for name in ('q_proj', 'k_proj', 'v_proj', 'o_proj'):
-            state[f'{prefix}self_attn.{name}.weight'] = dense_weight(getattr(block.attn, name))
-        for name in ('gate_proj', 'up_proj', 'down_proj'):
-            state[f'{prefix}mlp.{name}.weight'] = dense_weight(getattr(block.mlp, name))
+    if model.config.mlp != 'swiglu' or model.config.only_lr_act:  # ELAS's squared-ReLU MLP, or SwiGLU without its SiLU
+        raise SystemExit("this run's MLP is not SwiGLU's (ELAS, or only_lr_act): not a Llama; export.py takes "
+                         "full-rank, GaLore, Fira, ReLoRA, SLTrain and TSVD runs")
+    state = {theirs: one_matrix(model.get_submodule(ours.removesuffix('.weight'))) for ours, theirs in llama_names(model.config).items()}
     if any(w is None for w in state.values()):
         raise SystemExit("this run's layers are CoLA-style factors, not one matrix each: their export is not written "
                          "yet; export.py takes full-rank, GaLore, Fira, ReLoRA, SLTrain and TSVD runs")
     return {k: v.detach().float().contiguous() for k, v in state.items()}
+
+
+def import_llama(folder):
+    """(a full-rank Transformer with a Llama folder's weights, its encoding or None), or a one-line exit."""
+    from safetensors.torch import load_file
+    try:
+        hf = json.load(open(os.path.join(folder, 'config.json')))
+        weights = load_file(os.path.join(folder, 'model.safetensors'))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"import_dir={folder!r}: expected a Hugging Face folder with config.json and "
+                         f"model.safetensors ({type(e).__name__})") from None
+    if hf.get('model_type') != 'llama' or hf.get('num_key_value_heads', hf.get('num_attention_heads')) != \
+            hf.get('num_attention_heads') or hf.get('tie_word_embeddings') or hf.get('hidden_act', 'silu') != 'silu':
+        raise SystemExit(f"import_dir={folder!r}: expected a Llama with untied embeddings, no grouped KV heads and SiLU "
+                         f"(model_type={hf.get('model_type')!r}), the architecture nanoCoLA shares")
+    config = ModelConfig(vocab_size=hf['vocab_size'], block_size=hf.get('max_position_embeddings', 2048),
+                         n_layer=hf['num_hidden_layers'], n_head=hf['num_attention_heads'], n_embd=hf['hidden_size'],
+                         intermediate_size=hf['intermediate_size'], rank=0, norm_eps=hf.get('rms_norm_eps', 1e-6),
+                         rope_theta=hf.get('rope_theta', 10000.0))
+    model = Transformer(config)
+    names = llama_names(config)
+    missing = set(names.values()) - weights.keys()
+    if missing:
+        raise SystemExit(f"import_dir={folder!r}: model.safetensors lacks {sorted(missing)[0]} (and {len(missing) - 1} more)")
+    model.load_state_dict({ours: weights[theirs] for ours, theirs in names.items()})
+    tokenizer = os.path.exists(os.path.join(folder, 'tokenizer.json')) or os.path.exists(os.path.join(folder, 'tokenizer.model'))
+    return model, ('hf:' + os.path.abspath(folder) if tokenizer else None)
 
 
 def llama_config(config):
@@ -69,8 +108,34 @@ def llama_config(config):
             'attention_bias': False, 'mlp_bias': False, 'torch_dtype': 'float32'}
 
 
+def write_import():
+    """out_dir/ckpt.pt from import_dir: what train.py --init_from=resume reads, at step 0."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    model, own_encoding = import_llama(import_dir)
+    enc = encoding or own_encoding
+    if not enc:
+        raise SystemExit(f"import_dir={import_dir!r} holds no tokenizer: give --encoding= the data's ('gpt2' or 'byte')")
+    path = os.path.join(out_dir, 'ckpt.pt')
+    if os.path.exists(path):
+        raise SystemExit(f"{path} exists: nothing is overwritten; give a new out_dir")
+    optimizer = model.configure_optimizers(0.0, 1e-3, (0.9, 0.999), 'cpu')  # train.py applies its own settings
+    state = {'model': model.state_dict(), 'optimizer': get_optimizer_state_dict(model, optimizer),
+             'model_config': vars(model.config), 'config': {'init_from': import_dir}, 'encoding': enc,
+             'iter_num': 0, 'data_position': 0, 'flops_spent': 0, 'best_val_loss': float('inf'),
+             'rng': {'cpu': torch.get_rng_state(), 'cuda': None}}
+    os.makedirs(out_dir, exist_ok=True)
+    write_durably(path, lambda f: torch.save(state, f))
+    c = model.config
+    print(f"wrote {path} from {import_dir}: continue with python train.py --out_dir={out_dir} --init_from=resume "
+          f"--rank=0 --n_layer={c.n_layer} --n_head={c.n_head} --n_embd={c.n_embd} --intermediate_size={c.intermediate_size} "
+          f"--vocab_size={c.vocab_size} --block_size={c.block_size} --data_dir=<a folder of {enc} tokens>")
+
+
 if __name__ == '__main__':
     globals().update(configure(public_settings(globals()), sys.argv[1:]))
+    if import_dir:
+        write_import()
+        sys.exit(0)
     if not export_dir:
         raise SystemExit("export_dir='': give --export_dir=FOLDER, a new folder for the Hugging Face files")
     if os.path.exists(export_dir) and (not os.path.isdir(export_dir) or os.listdir(export_dir)):

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 from conftest import TINY_TRAIN
-from helpers import refused, run
+from helpers import refused, run, train_log
 
 from model import load_checkpoint, model_from_checkpoint
 
@@ -37,3 +37,21 @@ def test_a_cola_run_and_an_existing_export_dir_are_refused_in_one_line(data):
     refused(run(data, 'export.py', '--out_dir=cola-run', '--export_dir=taken', check=False),
             "export_dir='taken' already exists and is not an empty folder: nothing is overwritten")
     assert json.loads((data / 'taken' / 'config.json').read_text()) == {'a user': 'file'}
+
+
+def test_an_exported_run_imports_back_bit_for_bit_and_trains_on(data):
+    run(data, 'train.py', *TINY_TRAIN, '--rank=0', '--data_dir=data', '--out_dir=round', '--max_iters=2', '--eval_interval=2')
+    run(data, 'export.py', '--out_dir=round', '--export_dir=round-hf')
+    refused(run(data, 'export.py', '--import_dir=round-hf', '--out_dir=round-back', check=False),
+            "import_dir='round-hf' holds no tokenizer: give --encoding= the data's")
+    run(data, 'export.py', '--import_dir=round-hf', '--out_dir=round-back', '--encoding=byte')
+    before = load_checkpoint(data / 'round' / 'ckpt.pt')['model']
+    after = load_checkpoint(data / 'round-back' / 'ckpt.pt')
+    assert after['iter_num'] == 0 and before.keys() == after['model'].keys()
+    assert all(torch.equal(before[k], after['model'][k]) for k in before)  # the round trip is exact
+    r = run(data, 'train.py', *TINY_TRAIN, '--rank=0', '--data_dir=data', '--out_dir=round-back', '--init_from=resume',
+            '--max_iters=2', '--eval_interval=2')
+    assert 'resumed from round-back/ckpt.pt at iter 0' in r.stdout
+    assert train_log(data / 'round-back')[1][0] == train_log(data / 'round')[1][2]  # the same model, the same val loss
+    refused(run(data, 'export.py', '--import_dir=round-hf', '--out_dir=round-back', '--encoding=byte', check=False),
+            'round-back/ckpt.pt exists: nothing is overwritten')
