@@ -1,23 +1,26 @@
 """
-Export a train.py run as a Hugging Face folder that transformers loads with no custom code.
+Export a train.py run as a Hugging Face folder, or import one.
 
     python export.py --out_dir=out-full-130m --export_dir=hf-full-130m
     # then: transformers.AutoModelForCausalLM.from_pretrained('hf-full-130m')
     python export.py --import_dir=hf-llama --out_dir=out-from-llama --encoding=gpt2   # the other way
     # then: python train.py ... --out_dir=out-from-llama --init_from=resume  (training starts from those weights)
 
-A run whose every projection is one matrix becomes a plain LlamaForCausalLM: full-rank (AdamW, GaLore, Fira), and
-the methods whose layers fold into one matrix after training (ReLoRA's W + s B A, SLTrain's s B A + S, TSVD's
-(U S V)^T). Written: config.json, model.safetensors (float32, the weights as trained) and, when the run's encoding is
-a Hugging Face tokenizer (the paper's recipe), its tokenizer files. nanoCoLA's LLaMA is Hugging Face's: RMSNorm,
-RoPE rotating half of each head, SwiGLU, no biases, untied embeddings, so the weights map one to one.
+nanoCoLA's LLaMA is Hugging Face's layer for layer (RMSNorm, RoPE rotating half of each head, SwiGLU, no biases,
+untied embeddings), so the weights map one to one:
+- a run whose every projection is one matrix becomes a plain LlamaForCausalLM that transformers loads with no custom
+  code: full-rank (AdamW, GaLore, Fira), and the methods whose layers fold into one matrix (ReLoRA's W + s B A,
+  SLTrain's s B A + S, TSVD's (U S V)^T);
+- a CoLA run (CoLA-M the same weights, DLR folded into B) is written in the official CoLA code's layout: its
+  ColaConfig (model_type 'cola', rank, only_lr_act) and each projection's cola_a (A, d_in x r) and cola_b (B, r x d_out),
+  which the official ColaForCausalLM.from_pretrained loads. (Our own modeling code for transformers'
+  trust_remote_code is not written yet; ELAS and Low-Rank have no Hugging Face layout and are refused.)
+Written: config.json, model.safetensors (float32, the weights as trained) and, when the run's encoding is a Hugging
+Face tokenizer (the paper's recipe), its tokenizer files.
 
-CoLA-style runs (CoLA, CoLA-M, DLR, Low-Rank, ELAS) are refused for now: a bottleneck silu(x A) B is not a Llama
-layer, and their export (our modeling code, and the official CoLA layout) is not written yet.
-
-The other way, --import_dir: a LlamaForCausalLM folder (config.json, model.safetensors) becomes out_dir/ckpt.pt, a
-full-rank checkpoint at step 0 with a fresh AdamW state, which train.py continues with --init_from=resume and the
-folder's shapes; its encoding is the folder's tokenizer if it has one, else --encoding (the data's, e.g. gpt2).
+The other way, --import_dir: a Llama or official CoLA folder (config.json, model.safetensors) becomes out_dir/ckpt.pt,
+a checkpoint at step 0 with a fresh AdamW state, which train.py continues with --init_from=resume and the folder's
+shapes; its encoding is the folder's tokenizer if it has one, else --encoding (the data's, e.g. gpt2).
 """
 
 import json
@@ -27,7 +30,9 @@ import sys
 import torch
 
 from configurator import configure, public_settings
-from model import ModelConfig, RMSNorm, Transformer, describe_checkpoint, load_checkpoint, model_from_checkpoint
+from methods.lowrank import LowRankLinear
+from model import (CoLALinear, ModelConfig, RMSNorm, Transformer, describe_checkpoint, load_checkpoint,
+                   model_from_checkpoint)
 from shards import get_encoding, write_durably
 
 # ----------------------------------------------------------------------------- config
@@ -38,16 +43,15 @@ import_dir = ''  # instead: a Hugging Face LlamaForCausalLM folder to make out_d
 encoding = ''  # with import_dir: the encoding of the data it will train on ('gpt2', 'byte'; '' = its own tokenizer)
 
 
-def llama_names(config):
-    """nanoCoLA's state-dict names -> Hugging Face Llama's, layer for layer."""
-    names = {'tok_emb.weight': 'model.embed_tokens.weight', 'norm.weight': 'model.norm.weight',
-             'lm_head.weight': 'lm_head.weight'}
+def llama_modules(config):
+    """nanoCoLA's module names -> Hugging Face Llama's (and the official CoLA code's, which keeps Llama's), layer for
+    layer; a module's tensors are '.weight', or '.cola_a' (A, d_in x r) and '.cola_b' (B, r x d_out) for CoLA's."""
+    names = {'tok_emb': 'model.embed_tokens', 'norm': 'model.norm', 'lm_head': 'lm_head'}
     for i in range(config.n_layer):
         ours, theirs = f'blocks.{i}.', f'model.layers.{i}.'
-        names[ours + 'attn_norm.weight'] = theirs + 'input_layernorm.weight'
-        names[ours + 'mlp_norm.weight'] = theirs + 'post_attention_layernorm.weight'
-        names |= {f'{ours}attn.{p}.weight': f'{theirs}self_attn.{p}.weight' for p in ('q_proj', 'k_proj', 'v_proj', 'o_proj')}
-        names |= {f'{ours}mlp.{p}.weight': f'{theirs}mlp.{p}.weight' for p in ('gate_proj', 'up_proj', 'down_proj')}
+        names[ours + 'attn_norm'], names[ours + 'mlp_norm'] = theirs + 'input_layernorm', theirs + 'post_attention_layernorm'
+        names |= {f'{ours}attn.{p}': f'{theirs}self_attn.{p}' for p in ('q_proj', 'k_proj', 'v_proj', 'o_proj')}
+        names |= {f'{ours}mlp.{p}': f'{theirs}mlp.{p}' for p in ('gate_proj', 'up_proj', 'down_proj')}
     return names
 
 
@@ -59,15 +63,20 @@ def one_matrix(module):
     return module.weight if isinstance(module, (torch.nn.Linear, torch.nn.Embedding, RMSNorm)) else None
 
 
-def llama_state(model):
-    """Hugging Face LlamaForCausalLM's state dict of a nanoCoLA model, or a one-line exit naming what does not fit."""
-    if model.config.mlp != 'swiglu' or model.config.only_lr_act:  # ELAS's squared-ReLU MLP, or SwiGLU without its SiLU
-        raise SystemExit("this run's MLP is not SwiGLU's (ELAS, or only_lr_act): not a Llama; export.py takes "
-                         "full-rank, GaLore, Fira, ReLoRA, SLTrain and TSVD runs")
-    state = {theirs: one_matrix(model.get_submodule(ours.removesuffix('.weight'))) for ours, theirs in llama_names(model.config).items()}
-    if any(w is None for w in state.values()):
-        raise SystemExit("this run's layers are CoLA-style factors, not one matrix each: their export is not written "
-                         "yet; export.py takes full-rank, GaLore, Fira, ReLoRA, SLTrain and TSVD runs")
+def hf_state(model):
+    """The Hugging Face state dict of a nanoCoLA model: Llama's, or the official CoLA code's for CoLA layers (DLR
+    folded first); a one-line exit for what neither holds."""
+    if model.config.mlp != 'swiglu' or any(isinstance(m, LowRankLinear) for m in model.modules()):
+        raise SystemExit("ELAS's MLP and Low-Rank's linear factors are neither Llama's nor the official CoLA code's "
+                         "layers: export.py takes full-rank, GaLore, Fira, ReLoRA, SLTrain, TSVD, CoLA, CoLA-M and DLR runs")
+    model.fold_dlr()
+    state = {}
+    for ours, theirs in llama_modules(model.config).items():
+        module = model.get_submodule(ours)
+        if isinstance(module, CoLALinear):
+            state[theirs + '.cola_a'], state[theirs + '.cola_b'] = module.A, module.B
+        else:
+            state[theirs + '.weight'] = one_matrix(module)
     return {k: v.detach().float().contiguous() for k, v in state.items()}
 
 
@@ -80,16 +89,22 @@ def import_llama(folder):
     except (OSError, ValueError) as e:
         raise SystemExit(f"import_dir={folder!r}: expected a Hugging Face folder with config.json and "
                          f"model.safetensors ({type(e).__name__})") from None
-    if hf.get('model_type') != 'llama' or hf.get('num_key_value_heads', hf.get('num_attention_heads')) != \
+    if hf.get('model_type') not in ('llama', 'cola') or hf.get('num_key_value_heads', hf.get('num_attention_heads')) != \
             hf.get('num_attention_heads') or hf.get('tie_word_embeddings') or hf.get('hidden_act', 'silu') != 'silu':
-        raise SystemExit(f"import_dir={folder!r}: expected a Llama with untied embeddings, no grouped KV heads and SiLU "
-                         f"(model_type={hf.get('model_type')!r}), the architecture nanoCoLA shares")
+        raise SystemExit(f"import_dir={folder!r}: expected a Llama or official CoLA model with untied embeddings, no "
+                         f"grouped KV heads and SiLU (model_type={hf.get('model_type')!r}), the architecture nanoCoLA shares")
     config = ModelConfig(vocab_size=hf['vocab_size'], block_size=hf.get('max_position_embeddings', 2048),
                          n_layer=hf['num_hidden_layers'], n_head=hf['num_attention_heads'], n_embd=hf['hidden_size'],
-                         intermediate_size=hf['intermediate_size'], rank=0, norm_eps=hf.get('rms_norm_eps', 1e-6),
+                         intermediate_size=hf['intermediate_size'], rank=hf.get('rank', 0) if hf['model_type'] == 'cola' else 0,
+                         only_lr_act=hf.get('only_lr_act', False), norm_eps=hf.get('rms_norm_eps', 1e-6),
                          rope_theta=hf.get('rope_theta', 10000.0))
     model = Transformer(config)
-    names = llama_names(config)
+    names = {}  # ours -> theirs, tensor by tensor
+    for name, theirs in llama_modules(config).items():
+        if config.rank and theirs.endswith('_proj'):  # the official CoLA layer's two factors
+            names[name + '.A'], names[name + '.B'] = theirs + '.cola_a', theirs + '.cola_b'
+        else:
+            names[name + '.weight'] = theirs + '.weight'
     missing = set(names.values()) - weights.keys()
     if missing:
         raise SystemExit(f"import_dir={folder!r}: model.safetensors lacks {sorted(missing)[0]} (and {len(missing) - 1} more)")
@@ -98,14 +113,21 @@ def import_llama(folder):
     return model, ('hf:' + os.path.abspath(folder) if tokenizer else None)
 
 
-def llama_config(config):
-    """config.json of the same architecture, for transformers' LlamaConfig."""
+def is_cola(model):
+    return any(isinstance(m, CoLALinear) for m in model.modules())
+
+
+def hf_config(model):
+    """config.json of the same architecture: transformers' LlamaConfig, or the official CoLA code's ColaConfig."""
+    config = model.config
+    cola = {'architectures': ['ColaForCausalLM'], 'model_type': 'cola', 'rank': config.rank,
+            'only_lr_act': config.only_lr_act} if is_cola(model) else {}
     return {'architectures': ['LlamaForCausalLM'], 'model_type': 'llama', 'vocab_size': config.vocab_size,
             'hidden_size': config.n_embd, 'intermediate_size': config.intermediate_size,
             'num_hidden_layers': config.n_layer, 'num_attention_heads': config.n_head,
             'num_key_value_heads': config.n_head, 'hidden_act': 'silu', 'max_position_embeddings': config.block_size,
             'rms_norm_eps': config.norm_eps, 'rope_theta': config.rope_theta, 'tie_word_embeddings': False,
-            'attention_bias': False, 'mlp_bias': False, 'torch_dtype': 'float32'}
+            'attention_bias': False, 'mlp_bias': False, 'torch_dtype': 'float32', **cola}
 
 
 def write_import():
@@ -127,7 +149,7 @@ def write_import():
     write_durably(path, lambda f: torch.save(state, f))
     c = model.config
     print(f"wrote {path} from {import_dir}: continue with python train.py --out_dir={out_dir} --init_from=resume "
-          f"--rank=0 --n_layer={c.n_layer} --n_head={c.n_head} --n_embd={c.n_embd} --intermediate_size={c.intermediate_size} "
+          f"--rank={c.rank} --only_lr_act={c.only_lr_act} --n_layer={c.n_layer} --n_head={c.n_head} --n_embd={c.n_embd} --intermediate_size={c.intermediate_size} "
           f"--vocab_size={c.vocab_size} --block_size={c.block_size} --data_dir=<a folder of {enc} tokens>")
 
 
@@ -145,13 +167,15 @@ if __name__ == '__main__':
     checkpoint = load_checkpoint(path)
     print('exporting ' + describe_checkpoint(checkpoint, path), file=sys.stderr)
     model = model_from_checkpoint(checkpoint, path=path)
-    state = llama_state(model)
+    state = hf_state(model)
     from safetensors.torch import save as safetensors_bytes
     os.makedirs(export_dir, exist_ok=True)
     write_durably(os.path.join(export_dir, 'model.safetensors'), lambda f: f.write(safetensors_bytes(state, {'format': 'pt'})))
     write_durably(os.path.join(export_dir, 'config.json'),
-                  lambda f: f.write(json.dumps(llama_config(model.config), indent=1).encode()))
+                  lambda f: f.write(json.dumps(hf_config(model), indent=1).encode()))
     if checkpoint['encoding'].startswith('hf:'):  # the paper's recipe: the tokenizer travels with the weights
         get_encoding(checkpoint['encoding']).tokenizer.save_pretrained(export_dir)
-    print(f"wrote {export_dir}/ (LlamaForCausalLM, {sum(t.numel() for t in state.values()) / 1e6:.2f}M parameters): "
-          f"transformers.AutoModelForCausalLM.from_pretrained({export_dir!r})")
+    loads = (f"transformers.AutoModelForCausalLM.from_pretrained({export_dir!r})" if not is_cola(model) else
+             f"the official CoLA code's ColaForCausalLM.from_pretrained({export_dir!r})")
+    print(f"wrote {export_dir}/ ({hf_config(model)['architectures'][0]}, "
+          f"{sum(t.numel() for t in state.values()) / 1e6:.2f}M parameters): {loads}")

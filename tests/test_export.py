@@ -28,13 +28,35 @@ def test_an_export_loads_in_plain_transformers_with_the_runs_logits(data, method
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=2e-5)  # float32 rounding (TSVD's W formed in float64)
 
 
-def test_a_cola_run_and_an_existing_export_dir_are_refused_in_one_line(data):
-    run(data, 'train.py', *TINY_TRAIN, '--data_dir=data', '--out_dir=cola-run', '--max_iters=2', '--eval_interval=2')
-    refused(run(data, 'export.py', '--out_dir=cola-run', '--export_dir=cola-hf', check=False),
-            "this run's layers are CoLA-style factors, not one matrix each")
+def test_a_dlr_run_exports_in_the_official_cola_layout_and_imports_back_as_the_same_function(data):
+    """The official code's names and shapes (cola_a: d_in x r, cola_b: r x d_out per projection, ColaConfig's rank),
+    DLR folded into B; imported back, the model computes what the run's does."""
+    from safetensors.torch import load_file
+    run(data, 'train.py', *TINY_TRAIN, '--dlr_alpha=1.0', '--data_dir=data', '--out_dir=dlr-run', '--max_iters=2',
+        '--eval_interval=2')
+    run(data, 'export.py', '--out_dir=dlr-run', '--export_dir=dlr-hf')
+    config = json.loads((data / 'dlr-hf' / 'config.json').read_text())
+    assert (config['architectures'], config['model_type'], config['rank']) == (['ColaForCausalLM'], 'cola', 16)
+    ours = model_from_checkpoint(load_checkpoint(data / 'dlr-run' / 'ckpt.pt')).eval()
+    weights = load_file(str(data / 'dlr-hf' / 'model.safetensors'))
+    layer = ours.blocks[1].mlp.down_proj
+    torch.testing.assert_close(weights['model.layers.1.mlp.down_proj.cola_a'], layer.A.detach())
+    torch.testing.assert_close(weights['model.layers.1.mlp.down_proj.cola_b'], (layer.B + layer.dlr_residual).detach())
+    run(data, 'export.py', '--import_dir=dlr-hf', '--out_dir=dlr-back', '--encoding=byte')
+    back = model_from_checkpoint(load_checkpoint(data / 'dlr-back' / 'ckpt.pt')).eval()
+    idx = torch.randint(0, ours.config.vocab_size, (2, ours.config.block_size))
+    with torch.no_grad():
+        torch.testing.assert_close(back(idx)[0], ours(idx)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_elas_and_an_existing_export_dir_are_refused_in_one_line(data):
+    run(data, 'train.py', *TINY_TRAIN, '--mlp=elas', '--data_dir=data', '--out_dir=elas-run', '--max_iters=2',
+        '--eval_interval=2')
+    refused(run(data, 'export.py', '--out_dir=elas-run', '--export_dir=elas-hf', check=False),
+            "ELAS's MLP and Low-Rank's linear factors are neither Llama's nor the official CoLA code's layers")
     (data / 'taken').mkdir()
     (data / 'taken' / 'config.json').write_text(json.dumps({'a user': 'file'}))
-    refused(run(data, 'export.py', '--out_dir=cola-run', '--export_dir=taken', check=False),
+    refused(run(data, 'export.py', '--out_dir=elas-run', '--export_dir=taken', check=False),
             "export_dir='taken' already exists and is not an empty folder: nothing is overwritten")
     assert json.loads((data / 'taken' / 'config.json').read_text()) == {'a user': 'file'}
 
