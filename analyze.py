@@ -595,12 +595,11 @@ if __name__ == '__main__':
         other = next(r for r, e in encodings.items() if e != encodings[reference])
         raise SystemExit(f"{other} was trained on {encodings[other]!r} tokens and the reference {reference} on "
                          f"{encodings[reference]!r} tokens: their hidden states are not of the same tokens")
-    for run_dir in runs.split(','):  # hidden states compared layer by layer, vector by vector, over the same tokens
-        if reference and similarity and shapes[run_dir] != shapes[reference]:
+    for run_dir in runs.split(',') if reference and similarity else []:  # hidden states compared vector by vector
+        if shapes[run_dir] != shapes[reference]:
             raise SystemExit(f"{run_dir} has {shapes[run_dir]} where the reference {reference} has {shapes[reference]}: "
                              f"similarity compares hidden states of the same shape; leave that run out, or --similarity=False")
-    for run_dir in runs.split(','):  # the same encoding but other text: each run would be measured on its own
-        if reference and similarity and not data_dir and data_of[run_dir] != data_of[reference]:
+        if not data_dir and data_of[run_dir] != data_of[reference]:  # each run would be measured on its own text
             raise SystemExit(f"{run_dir} and the reference {reference} were trained on different data: their hidden "
                              f"states would be of different text; give --data_dir= to measure every run on the same tokens")
     torch.manual_seed(seed)

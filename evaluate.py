@@ -142,7 +142,7 @@ def hellaswag_examples(path):
         if not (isinstance(endings, list) and len(endings) >= 2 and all(isinstance(e, str) for e in endings)):
             raise SystemExit(f"{path}:{i + 1}: 'endings' is {type(endings).__name__} {str(endings)[:40]!r}: expected a list "
                              f"of 2 or more strings (the published format)")
-        if str(label).lstrip('-').isdigit() is False or not 0 <= int(label) < len(endings):
+        if str(label) not in [str(k) for k in range(len(endings))]:  # 0 or '0' (both published), ...
             raise SystemExit(f"{path}:{i + 1}: 'label' is {label!r}: expected the index of one of its {len(endings)} endings")
         out.append((clean(context), [clean(e) for e in endings], int(label)))
     return out

@@ -81,7 +81,7 @@ def hf_state(model):
 
 
 def import_llama(folder):
-    """(a full-rank Transformer with a Llama folder's weights, its encoding or None), or a one-line exit."""
+    """(a Transformer with a Llama's or an official CoLA model's weights, its encoding or None), or a one-line exit."""
     from safetensors.torch import load_file
     try:
         hf = json.load(open(os.path.join(folder, 'config.json')))
@@ -100,8 +100,8 @@ def import_llama(folder):
                          rope_theta=hf.get('rope_theta', 10000.0))
     model = Transformer(config)
     names = {}  # ours -> theirs, tensor by tensor
-    for name, theirs in llama_modules(config).items():
-        if config.rank and theirs.endswith('_proj'):  # the official CoLA layer's two factors
+    for name, theirs in llama_modules(config).items():  # as hf_state writes them
+        if isinstance(model.get_submodule(name), CoLALinear):  # the official CoLA layer's two factors
             names[name + '.A'], names[name + '.B'] = theirs + '.cola_a', theirs + '.cola_b'
         else:
             names[name + '.weight'] = theirs + '.weight'

@@ -265,7 +265,8 @@ def prepare():
         val = [PAPER_VALIDATION]
     source = os.path.abspath(tokenizer) if os.path.exists(tokenizer) else tokenizer  # a local folder: from anywhere
     settings = {'encoding': 'hf:' + source if recipe == 'paper' else encoding, 'c4_path': None if input_files else c4_path,
-                'train_files': train, 'val_files': val, 'val_tokens': None if val else val_tokens}
+                'train_files': train, 'val_files': val,
+                'val_tokens': val_tokens if not val or val == [PAPER_VALIDATION] else None}  # (where it cuts the split)
     if recipe == 'paper':
         settings |= {'recipe': 'paper', 'row_tokens': row_tokens}
         if row_tokens < 2:

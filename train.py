@@ -455,12 +455,11 @@ if master:
     earlier_run = sorted(f for f in os.listdir(out_dir) if f in ('ckpt.pt', 'best.pt', 'log.jsonl', 'evaluate.json')
                          or re.fullmatch(r'ckpt_\d+\.pt', f))
     if init_from == 'scratch' and earlier_run:
-        if not start_over and os.path.exists(checkpoint_path):
-            raise SystemExit(f"{out_dir}/ already holds a run ({os.path.basename(earlier_run[0])}): continue it with "
-                             f"--init_from=resume, train into another out_dir, or delete it with --start_over=True")
-        if not start_over:  # a run that saved no checkpoint: nothing to resume
-            raise SystemExit(f"{out_dir}/ holds a run that saved no checkpoint ({os.path.basename(earlier_run[0])}): "
-                             f"there is nothing to resume; delete it with --start_over=True, or train into another out_dir")
+        if not start_over:  # (a run that saved no checkpoint has nothing to resume)
+            kept = ("continue it with --init_from=resume, " if os.path.exists(checkpoint_path) else
+                    "it saved no checkpoint to resume; ")
+            raise SystemExit(f"{out_dir}/ already holds a run ({os.path.basename(earlier_run[0])}): {kept}train into "
+                             f"another out_dir, or delete it with --start_over=True")
         for f in earlier_run:
             os.remove(os.path.join(out_dir, f))
     remove_stale_temporaries(out_dir)  # what a killed run was writing when it died
@@ -510,30 +509,33 @@ trained_s = 0.0  # seconds spent in training steps (evaluations left out), for t
 fastest_dt, slow_told = float('inf'), False  # for the one hint that the cores are busy elsewhere
 # Schedules set in steps that do not fit this run's max_iters (a shortened run, say): one line each, with the fix.
 # compare.py scales them to each run itself; train.py keeps what it was told and says so.
-schedule_misfits = []
+
+
+def misfit(text):
+    log(f"max_iters={max_iters} and {text}")
+
+
 if warmup_iters > max_iters:
-    schedule_misfits.append(f"warmup_iters={warmup_iters}: the learning rate never reaches learning_rate={learning_rate:g} "
-                            f"(it ends at {get_lr(max_iters - 1):.2e}); set --warmup_iters={max_iters // 10}")
+    misfit(f"warmup_iters={warmup_iters}: the learning rate never reaches learning_rate={learning_rate:g} "
+           f"(it ends at {get_lr(max_iters - 1):.2e}); set --warmup_iters={max_iters // 10}")
 elif lr_decay_iters > max_iters:
-    schedule_misfits.append(f"lr_decay_iters={lr_decay_iters}: the cosine ends at {get_lr(max_iters - 1):.2e}, not "
-                            f"min_lr={min_lr:g}; set --lr_decay_iters={max_iters}")
+    misfit(f"lr_decay_iters={lr_decay_iters}: the cosine ends at {get_lr(max_iters - 1):.2e}, not "
+           f"min_lr={min_lr:g}; set --lr_decay_iters={max_iters}")
 if config['optimizer'] != 'adamw' and galore_update_interval >= max_iters:
-    schedule_misfits.append(f"galore_update_interval={galore_update_interval}: the projector is never refreshed; "
-                            f"set --galore_update_interval={max(1, max_iters // 50)} (the official 200 of 10,000 steps)")
+    misfit(f"galore_update_interval={galore_update_interval}: the projector is never refreshed; "
+           f"set --galore_update_interval={max(1, max_iters // 50)} (the official 200 of 10,000 steps)")
 if projection == 'relora' and relora_interval >= max_iters:
-    schedule_misfits.append(f"relora_interval={relora_interval}: ReLoRA never merges; set --relora_interval={max(1, max_iters // 10)} "
-                            f"(the comparisons' 1,000 of 10,000 steps)")
+    misfit(f"relora_interval={relora_interval}: ReLoRA never merges; set --relora_interval={max(1, max_iters // 10)} "
+           f"(the comparisons' 1,000 of 10,000 steps)")
 if projection == 'relora' and relora_restart_warmup >= relora_interval:
-    schedule_misfits.append(f"relora_restart_warmup={relora_restart_warmup} is not shorter than relora_interval={relora_interval}: "
-                            f"after the first merge the learning rate never climbs back; set "
-                            f"--relora_restart_warmup={relora_interval // 10} (the official 100 of 1,000)")
+    misfit(f"relora_restart_warmup={relora_restart_warmup} is not shorter than relora_interval={relora_interval}: "
+           f"after the first merge the learning rate never climbs back; set "
+           f"--relora_restart_warmup={relora_interval // 10} (the official 100 of 1,000)")
 if projection == 'tsvd' and tsvd_interval >= max_iters:
-    schedule_misfits.append(f"tsvd_interval={tsvd_interval}: TSVD never adapts its ranks; set --tsvd_interval={max(1, max_iters // 10)}")
+    misfit(f"tsvd_interval={tsvd_interval}: TSVD never adapts its ranks; set --tsvd_interval={max(1, max_iters // 10)}")
 if mlp == 'elas' and elas_warmup_iters >= max_iters:
-    schedule_misfits.append(f"elas_warmup_iters={elas_warmup_iters}: ELAS's 2:4 sparsity never switches on; set "
-                            f"--elas_warmup_iters={max_iters // 10} (the paper's 1,000 of 10,000 steps)")
-for misfit in schedule_misfits:
-    log(f"max_iters={max_iters} and {misfit}")
+    misfit(f"elas_warmup_iters={elas_warmup_iters}: ELAS's 2:4 sparsity never switches on; set "
+           f"--elas_warmup_iters={max_iters // 10} (the paper's 1,000 of 10,000 steps)")
 targets_seen = torch.zeros((), device=device, dtype=torch.long)  # since the last log
 process_start = t0 = time.time()
 x, y = train_batch(data_position, 0)  # the first micro-batch; each next one loads while the current one computes
