@@ -1,203 +1,191 @@
 """
-Score a checkpoint of train.py on zero-shot downstream tasks, as lm-evaluation-harness defines them.
+Score a checkpoint of train.py on zero-shot downstream tasks with lm-evaluation-harness (lm-eval): lm-eval's task
+definitions and scoring, our model through the `nanocola` model class below.
 
-    python evaluate.py --out_dir=out-cpu-tiny                         # the built-in tasks, from the run's own data
-    python evaluate.py --out_dir=out-cola-130m --hellaswag=hellaswag_val.jsonl --arc_easy=ARC-Easy-Test.jsonl \
-        --arc_challenge=ARC-Challenge-Test.jsonl --piqa=piqa_valid.jsonl --lambada=lambada_test.jsonl
+    python evaluate.py --out_dir=out-cpu-tiny                           # the built-in tasks, from the run's own data
+    python evaluate.py --out_dir=out-cola-130m --tasks=hellaswag,arc_easy,arc_challenge,piqa,lambada_openai  # the hub
+    python evaluate.py --out_dir=out-cola-130m --tasks=hellaswag_local,piqa_local   # offline: published files on disk
+    python evaluate.py lm_eval run --model nanocola --model_args out_dir=out-cola-130m --tasks hellaswag piqa
 
-Multiple choice: per choice, the sum of the log-likelihoods of the continuation's tokens given the
-context; accuracy by the largest sum, normalised accuracy by the sum divided by the continuation's length
-in bytes. Cloze: accuracy by greedy exact match of the target's tokens.
+The last line is lm-eval's own command line (every option of `lm_eval run`): lm-eval finds a model class only once it
+is registered in its process, so `python evaluate.py lm_eval ...` registers `nanocola` and hands the rest to lm-eval
+unchanged. Add `--include_path tasks` for this repository's task files.
 
-Built-in tasks, made from the run's validation split with no download, deterministic from `seed` and the
-same items for every run on the same data (`items` of each):
-- next_passage (4-way choice): a passage's first `context_tokens` tokens, then the true next
-  `choice_tokens` tokens against three spans of the same length from elsewhere in the split;
-- last_word (cloze): a window of text cut after its last complete word of 3 or more letters; the target
-  is that word.
-Published formats, read from local JSONL files: HellaSwag (ctx_a, ctx_b, activity_label, endings, label),
-ARC (question.stem, question.choices[].text / .label, answerKey), PIQA (goal, sol1, sol2, label; or the
-labels in a file named by piqa_labels, one per line), LAMBADA (text; the last word is the target). Writes
-out_dir/evaluate.json.
+Tasks, by name (tasks=, comma-separated):
+- any lm-eval task, its data from the Hugging Face hub (a network, or datasets' offline cache);
+- <task>_local (tasks/*_local.yaml: hellaswag, arc_easy, arc_challenge, piqa, lambada_openai): lm-eval's own task with
+  its data read from the published files under data/tasks/ (each file says which and how to get them); the scores
+  come out under the task's own name;
+- the built-in next_passage and last_word (tasks/next_passage.yaml, tasks/last_word.yaml), made from the run's
+  validation split with no download, deterministic from `seed`, the same items for every run on the same data:
+  next_passage, a passage's first `context_tokens` tokens, then its true next `choice_tokens` tokens against three
+  spans of the same length from elsewhere in the split; last_word, a window cut before its last complete word of 3 or
+  more letters, the word the target (scored as lambada_openai: greedy exact match, perplexity). The items are drawn as
+  tokens and handed to lm-eval as text, which it encodes again with the run's encoding.
+
+The model: loglikelihood by lm-eval's own pairing of context and continuation (TemplateLM: the continuation's tokens
+are those the whole text adds to the context's, trailing spaces of the context moved to the continuation), batches
+padded on the right (a causal model: what follows a sequence changes none of its logits), sequences longer than
+block_size cut on the left as lm-eval's hf model cuts them; loglikelihood_rolling over lm-eval's disjoint windows of
+block_size tokens; generate_until greedy (sampled where a task asks), with a KV cache, prompts of equal length batched,
+stopping at the task's stop strings or the end-of-text token. An empty context starts from the end-of-text token.
+DLR is folded first (the same function). Writes out_dir/evaluate.json: per task its metrics (acc, and acc_norm or
+perplexity where the task has them), items and chance.
 """
 
 import json
 import os
 import re
 import sys
+import tempfile
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+import yaml
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import model_registry
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from configurator import configure, public_settings
-from model import describe_checkpoint, load_checkpoint, model_from_checkpoint
+from model import KVCache, describe_checkpoint, load_checkpoint, model_from_checkpoint
 from shards import get_encoding, load_meta, read_shard, shard_path, write_durably
 
 # ----------------------------------------------------------------------------- config
 out_dir = 'out'  # the run whose checkpoint (ckpt.pt) is scored; scores go to its evaluate.json
+tasks = 'next_passage,last_word'  # lm-eval task names, comma-separated: the built-in two, hub tasks, or <task>_local
 data_dir = ''  # '' = the run's own data_dir (for the built-in tasks)
 items = 200  # items of each built-in task
 context_tokens = 64  # built-in tasks: tokens of context before each choice
 choice_tokens = 16  # built-in tasks: tokens of each choice
 seed = 0  # built-in tasks: which items and distractors are drawn
-hellaswag = ''  # paths of local JSONL files in the published formats ('' = skip)
-arc_easy = ''  # ARC-Easy JSONL ('' = skip)
-arc_challenge = ''  # ARC-Challenge JSONL ('' = skip)
-piqa = ''  # PIQA JSONL ('' = skip)
-piqa_labels = ''  # PIQA's labels file (valid-labels.lst) when the JSONL has no label field
-lambada = ''  # LAMBADA JSONL ('' = skip)
+limit = 0  # every task: score only its first `limit` items (0: all of them)
+batch_size = 16  # sequences per forward pass
 device = 'cpu'  # 'cpu', 'cuda' or 'cuda:N'
 as_json = False  # print the scores as JSON
 
-
-# ----------------------------------------------------------------------------- scoring
-
-@torch.no_grad()
-def continuation_logprob(model, context, continuation):
-    """The sum of log p(continuation token | everything before it), token lists, truncated on the left to
-    the model's block_size."""
-    tokens = (context + continuation)[-(model.config.block_size + 1):]
-    idx = torch.tensor([tokens], device=device)
-    logits, _ = model(idx[:, :-1])
-    logprobs = F.log_softmax(logits.float(), dim=-1)[0, -len(continuation):]  # (n, vocab)
-    return float(logprobs.gather(1, idx[0, -len(continuation):, None]).sum())
+TASKS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'tasks')  # this repository's lm-eval task files
+BUILT_IN = ('next_passage', 'last_word')
 
 
-@torch.no_grad()
-def greedy_matches(model, context, target):
-    """Whether greedy decoding after context gives exactly the target's tokens (one forward pass: the
-    argmax at each target position given the true tokens before it, which is greedy decoding while it matches)."""
-    tokens = (context + target)[-(model.config.block_size + 1):]
-    logits, _ = model(torch.tensor([tokens[:-1]], device=device))
-    return logits[0, -len(target):].argmax(-1).tolist() == target
+# ----------------------------------------------------------------------------- the model, as lm-eval sees it
+
+class NanoCoLA(TemplateLM):
+    """lm-eval's model class for a checkpoint of train.py: `--model nanocola --model_args out_dir=RUN`
+    (checkpoint=best.pt for the best state, dtype=bfloat16 on a GPU)."""
+
+    def __init__(self, out_dir='out', checkpoint='ckpt.pt', device='cpu', batch_size=16, dtype='float32', **unused):
+        super().__init__()
+        path = os.path.join(out_dir, checkpoint)
+        state = load_checkpoint(path)
+        print('scoring ' + describe_checkpoint(state, path), file=sys.stderr)
+        if dtype not in ('float32', 'bfloat16'):
+            raise SystemExit(f"dtype={dtype!r}: expected 'float32' or 'bfloat16'")
+        if not (device or 'cpu').startswith('cuda') or not torch.cuda.is_available():  # (lm-eval's default: cuda:0)
+            device = 'cpu'
+        self.model = model_from_checkpoint(state, device, path).fold_dlr().to(getattr(torch, dtype)).eval()
+        self.enc, self._device, self.checkpoint = get_encoding(state['encoding']), device, state
+        self.batch_size = int(batch_size) if str(batch_size).isdigit() and int(batch_size) > 0 else 16  # 'auto': 16
+
+    @property
+    def eot_token_id(self):
+        return self.enc.eot_token
+
+    @property
+    def max_length(self):
+        return self.model.config.block_size
+
+    def tok_encode(self, string, **unused):
+        return self.enc.encode_to_numpy(string, disallowed_special=()).tolist()
+
+    def tok_decode(self, tokens):
+        return self.enc.decode(tokens)
+
+    @torch.no_grad()
+    def _loglikelihood_tokens(self, requests, disable_tqdm=False):
+        """[(key, context tokens, continuation tokens)] -> [(sum of log p(continuation), whether greedy decoding
+        gives it)], longest first in batches, answered in the order asked."""
+        order = sorted(range(len(requests)), key=lambda i: -len(requests[i][1] + requests[i][2]))
+        answers = [None] * len(requests)
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start:start + self.batch_size]
+            windows = [(requests[i][1] + requests[i][2])[-(self.max_length + 1):][:-1] for i in batch]  # as lm-eval's hf
+            idx = torch.zeros(len(batch), max(map(len, windows)), dtype=torch.long)  # (B, T), padded on the right
+            for row, window in enumerate(windows):
+                idx[row, :len(window)] = torch.tensor(window)
+            logprobs = F.log_softmax(self.model(idx.to(self._device))[0].float(), dim=-1).cpu()  # (B, T, vocab)
+            for row, i in enumerate(batch):
+                continuation = torch.tensor(requests[i][2])
+                scored = logprobs[row, len(windows[row]) - len(continuation):len(windows[row])]  # (n, vocab)
+                answers[i] = (float(scored.gather(1, continuation[:, None]).sum()),
+                              bool((scored.argmax(-1) == continuation).all()))
+                if requests[i][0] is not None:
+                    self.cache_hook.add_partial('loglikelihood', requests[i][0], answers[i])
+        return answers
+
+    def loglikelihood_rolling(self, requests, disable_tqdm=False):
+        """The log-likelihood of each whole text: lm-eval's disjoint windows of block_size tokens, the first after
+        the end-of-text token, each later one seeing the tokens before it."""
+        answers = []
+        for (text,) in [r.args for r in requests]:
+            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                token_list=self.tok_encode(text), prefix_token=self.prefix_token_id, max_seq_len=self.max_length,
+                context_len=1)]
+            answers.append(sum(ll for ll, _ in self._loglikelihood_tokens([(None, c, t) for c, t in windows])))
+            self.cache_hook.add_partial('loglikelihood_rolling', (text,), answers[-1])
+        return answers
+
+    @torch.no_grad()
+    def generate_until(self, requests, disable_tqdm=False):
+        """Each (context, gen_kwargs) continued up to max_gen_toks tokens (default 256), cut at the first of its
+        `until` strings; the context cut on the left to leave room in block_size."""
+        answers, groups = [None] * len(requests), {}
+        for i, (context, kwargs) in enumerate(r.args for r in requests):
+            max_new = min(int(kwargs.get('max_gen_toks', 256)), self.max_length - 1)
+            prompt = self.tok_encode(context)[-(self.max_length - max_new):] or [self.prefix_token_id]
+            key = (len(prompt), json.dumps(kwargs, sort_keys=True, default=str))  # batched: same length, same settings
+            groups.setdefault(key, []).append((i, prompt, max_new, kwargs))
+        for group in groups.values():
+            for start in range(0, len(group), self.batch_size):
+                batch = group[start:start + self.batch_size]
+                _, _, max_new, kwargs = batch[0]
+                until = [u for u in ([kwargs['until']] if isinstance(kwargs.get('until'), str) else kwargs.get('until') or []) if u]
+                texts = self.continue_prompts([p for _, p, _, _ in batch], max_new, until, kwargs)
+                for (i, _, _, _), text in zip(batch, texts):
+                    for stop in until:
+                        text = text.split(stop)[0]
+                    answers[i] = text
+                    self.cache_hook.add_partial('generate_until', requests[i].args, text)
+        return answers
+
+    def continue_prompts(self, prompts, max_new, until, kwargs):
+        """Equal-length prompts continued together through a KV cache: the prompts' forward once, then one token's."""
+        sample = kwargs.get('do_sample', False) and float(kwargs.get('temperature', 1.0)) > 0
+        caches = [KVCache(self.max_length) for _ in self.model.blocks]
+        logits = self.model(torch.tensor(prompts, device=self._device), kv_caches=caches)[0][:, -1].float()  # (B, vocab)
+        new, done = [[] for _ in prompts], [False] * len(prompts)
+        for _ in range(max_new):
+            if sample:
+                token = torch.multinomial(F.softmax(logits / float(kwargs['temperature']), dim=-1), 1)  # (B, 1)
+            else:
+                token = logits.argmax(-1, keepdim=True)
+            for row, t in enumerate(token[:, 0].tolist()):
+                if not done[row]:
+                    done[row] = t == self.eot_token_id
+                    new[row] += [] if done[row] else [t]
+                    done[row] = done[row] or any(u in self.tok_decode(new[row]) for u in until)
+            if all(done) or caches[0].length == self.max_length:
+                break
+            logits = self.model(token, kv_caches=caches)[0][:, -1].float()
+        return [self.tok_decode(tokens) for tokens in new]
 
 
-def multiple_choice(model, enc, examples):
-    """acc and acc_norm of (context, [choices], gold) examples, text in, lm-evaluation-harness's way: each choice
-    scored as the continuation ' ' + choice (its target delimiter), acc_norm dividing that sum by the choice's
-    length in characters, the delimiter not counted."""
-    correct = correct_norm = 0
-    for context, choices, gold in examples:
-        ctx = enc.encode_to_numpy(context, disallowed_special=()).tolist()
-        scores = [continuation_logprob(model, ctx, enc.encode_to_numpy(' ' + c, disallowed_special=()).tolist())
-                  for c in choices]
-        correct += int(np.argmax(scores) == gold)
-        correct_norm += int(np.argmax([s / max(1, len(c)) for s, c in zip(scores, choices)]) == gold)
-    return {'acc': correct / len(examples), 'acc_norm': correct_norm / len(examples), 'items': len(examples),
-            'chance': float(np.mean([1 / len(choices) for _, choices, _ in examples]))}
+import lm_eval.models  # noqa: E402, F401  lm-eval's own models first: it adds them only to an empty registry
+if 'nanocola' not in model_registry:  # (this file imported a second time: the class is registered already)
+    model_registry.register('nanocola')(NanoCoLA)
 
 
-def cloze(model, enc, examples):
-    """acc of (context, target) examples by greedy exact match."""
-    hits = sum(greedy_matches(model, enc.encode_to_numpy(c, disallowed_special=()).tolist(),
-                              enc.encode_to_numpy(t, disallowed_special=()).tolist()) for c, t in examples)
-    return {'acc': hits / len(examples), 'items': len(examples), 'chance': 0.0}  # an exact word: no chance level
-
-
-# ----------------------------------------------------------------------------- the tasks
-
-def read_jsonl(path):
-    if not os.path.isfile(path):
-        raise SystemExit(f"{path} does not exist")
-    try:
-        records = [json.loads(line) for line in open(path, encoding='utf-8') if line.strip()]
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SystemExit(f"{path}: not JSON lines ({type(e).__name__})") from None
-    if not records:
-        raise SystemExit(f"{path} holds no items: expected one JSON object per line")
-    for i, record in enumerate(records):
-        if not isinstance(record, dict):
-            raise SystemExit(f"{path}:{i + 1}: a JSON {type(record).__name__}, expected an object (the published format)")
-    return records
-
-
-def text_field(path, i, record, *keys):
-    """A field that must hold text."""
-    value = field(path, i, record, *keys)
-    if not isinstance(value, str):
-        raise SystemExit(f"{path}:{i + 1}: {'.'.join(keys)!r} is {type(value).__name__} {value!r}: expected text")
-    return value
-
-
-def field(path, i, record, *keys):
-    """record[keys[0]][keys[1]]..., or a one-line exit naming the file, the line and the missing field."""
-    value = record
-    for key in keys:
-        if not isinstance(value, (dict, list)) or (isinstance(value, dict) and key not in value):
-            raise SystemExit(f"{path}:{i + 1}: no field {'.'.join(map(str, keys))!r} (expected the published format)")
-        value = value[key]
-    return value
-
-
-def hellaswag_examples(path):
-    """lm-evaluation-harness's preprocessing, in its order: strip, ' [title]' -> '. ', other [tags] removed, double
-    spaces made single (nothing stripped after)."""
-    def clean(text):
-        return re.sub(r'\[.*?\]', '', text.strip().replace(' [title]', '. ')).replace('  ', ' ')
-    out = []
-    for i, r in enumerate(read_jsonl(path)):
-        context = text_field(path, i, r, 'activity_label') + ': ' + text_field(path, i, r, 'ctx_a') + ' ' + text_field(path, i, r, 'ctx_b').capitalize()
-        endings, label = field(path, i, r, 'endings'), field(path, i, r, 'label')
-        if not (isinstance(endings, list) and len(endings) >= 2 and all(isinstance(e, str) for e in endings)):
-            raise SystemExit(f"{path}:{i + 1}: 'endings' is {type(endings).__name__} {str(endings)[:40]!r}: expected a list "
-                             f"of 2 or more strings (the published format)")
-        if str(label) not in [str(k) for k in range(len(endings))]:  # 0 or '0' (both published), ...
-            raise SystemExit(f"{path}:{i + 1}: 'label' is {label!r}: expected the index of one of its {len(endings)} endings")
-        out.append((clean(context), [clean(e) for e in endings], int(label)))
-    return out
-
-
-def arc_examples(path):
-    out = []
-    for i, r in enumerate(read_jsonl(path)):
-        choices = field(path, i, r, 'question', 'choices')
-        if not isinstance(choices, list) or len(choices) < 2:
-            raise SystemExit(f"{path}:{i + 1}: question.choices is {str(choices)[:40]!r}: expected a list of 2 or more")
-        choices = [{'label': text_field(path, i, c, 'label'), 'text': text_field(path, i, c, 'text')} for c in choices]
-        labels = [c['label'] for c in choices]
-        answer = field(path, i, r, 'answerKey')
-        if answer not in labels:
-            raise SystemExit(f"{path}:{i + 1}: answerKey {answer!r} is not one of the choices' labels {labels}")
-        out.append((f"Question: {field(path, i, r, 'question', 'stem')}\nAnswer:", [c['text'] for c in choices],
-                    labels.index(answer)))
-    return out
-
-
-def piqa_examples(path, labels_path):
-    records = read_jsonl(path)
-    labels = [r.get('label') for r in records]
-    if labels_path:
-        try:
-            lines = [line.strip() for line in open(labels_path, encoding='utf-8') if line.strip()]
-        except (OSError, UnicodeDecodeError) as e:
-            raise SystemExit(f"piqa_labels={labels_path!r}: cannot be read as text "
-                             f"({e.strerror if isinstance(e, OSError) else 'not UTF-8'})") from None
-        if any(line not in ('0', '1') for line in lines):
-            raise SystemExit(f"piqa_labels={labels_path!r}: line {next(line for line in lines if line not in ('0', '1'))!r}: "
-                             f"expected a 0 or 1 on each line (valid-labels.lst)")
-        labels = [int(line) for line in lines]
-        given = [r.get('label') for r in records]
-        if any(g is not None and g != label for g, label in zip(given, labels)):
-            i = next(i for i, (g, label) in enumerate(zip(given, labels)) if g is not None and g != label)
-            raise SystemExit(f"{path}:{i + 1}: its label {given[i]!r} differs from line {i + 1} of piqa_labels="
-                             f"{labels_path!r} ({labels[i]}): give one source of labels")
-    if len(labels) != len(records) or any(label not in (0, 1) for label in labels):
-        raise SystemExit(f"{path}: expected a label 0 or 1 for each of its {len(records)} lines (a 'label' field, or "
-                         f"--piqa_labels=valid-labels.lst)")
-    return [(f"Question: {text_field(path, i, r, 'goal')}\nAnswer:", [text_field(path, i, r, 'sol1'), text_field(path, i, r, 'sol2')],
-             label) for i, (r, label) in enumerate(zip(records, labels))]
-
-
-def lambada_examples(path):
-    out = []
-    for i, r in enumerate(read_jsonl(path)):
-        context, _, word = text_field(path, i, r, 'text').strip().rpartition(' ')
-        if not context or not word:
-            raise SystemExit(f"{path}:{i + 1}: 'text' {r['text'][:40]!r} has no context and last word to predict")
-        out.append((context, ' ' + word))
-    return out
-
+# ----------------------------------------------------------------------------- the built-in tasks' items
 
 def validation_tokens(folder, enc):
     meta = load_meta(folder)
@@ -207,8 +195,8 @@ def validation_tokens(folder, enc):
     return tokens[tokens != meta['pad']] if meta.get('recipe') == 'paper' else tokens  # the paper's rows: no padding
 
 
-def next_passage_items(tokens, rng):
-    """(context tokens, [4 choices of tokens], gold): the true continuation and three spans from elsewhere."""
+def next_passage_items(tokens, enc, rng):
+    """{context, choices, gold}: the true continuation and three spans from elsewhere, as text."""
     span = context_tokens + choice_tokens
     if len(tokens) < 8 * span:
         raise SystemExit(f"the validation split holds {len(tokens):,} tokens: too few for passages of {span} tokens")
@@ -223,12 +211,14 @@ def next_passage_items(tokens, rng):
                 others.append(tokens[other:other + choice_tokens].tolist())
         gold = int(rng.integers(0, 4))
         choices = others[:gold] + [true] + others[gold:]
-        out.append((tokens[start:start + context_tokens].tolist(), choices, gold))
+        out.append({'context': enc.decode(tokens[start:start + context_tokens].tolist()),
+                    'choices': [enc.decode(c) for c in choices], 'gold': gold})
     return out
 
 
 def last_word_items(tokens, enc, rng):
-    """(context text, ' word'): a window of the split decoded, cut after its last complete word of 3+ letters."""
+    """{context, target}: a window of the split decoded, cut before its last complete word of 3+ letters, and
+    ' ' + that word."""
     out, tries = [], 0
     while len(out) < items and tries < 20 * items:
         tries += 1
@@ -236,54 +226,86 @@ def last_word_items(tokens, enc, rng):
         text = enc.decode(tokens[start:start + context_tokens + choice_tokens].tolist())
         words = list(re.finditer(r'(?<=\s)([A-Za-z]{3,})(?=[\s.,;:!?])', text))
         if words and words[-1].start() > len(text) // 3:
-            out.append((text[:words[-1].start() - 1], ' ' + words[-1].group(1)))
+            out.append({'context': text[:words[-1].start() - 1], 'target': ' ' + words[-1].group(1)})
     if not out:
         raise SystemExit("the validation split yields no last-word items (no words of 3 or more letters)")
     return out
 
 
-def evaluate(model, enc, folder):
-    """Every task asked for: the built-in two from folder's validation split, then the local files given."""
-    rng = np.random.default_rng(seed)
-    tokens = validation_tokens(folder, enc)
+# ----------------------------------------------------------------------------- scoring through lm-eval
+
+def score(lm, names, folder, scratch):
+    """{task: {metric: value, items, chance}} from lm-eval, for the task names given; the built-in tasks' items
+    written to scratch first."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+    specs = []
+    if any(name in BUILT_IN for name in names):
+        tokens, rng = validation_tokens(folder, lm.enc), np.random.default_rng(seed)
+        made = {'next_passage': next_passage_items(tokens, lm.enc, rng), 'last_word': last_word_items(tokens, lm.enc, rng)}
+    for name in names:
+        if name in BUILT_IN:
+            path = os.path.join(scratch, name + '.jsonl')
+            with open(path, 'w', encoding='utf-8') as f:
+                f.writelines(json.dumps(item) + '\n' for item in made[name])
+            with open(os.path.join(TASKS_DIR, name + '.yaml')) as f:  # the task file, its data file replaced
+                name = yaml.safe_load(f) | {'dataset_kwargs': {'data_files': {'test': path}}}
+        specs.append(name)
+    manager = TaskManager(include_path=TASKS_DIR)
+    unknown = [name for name in names if name not in manager.all_tasks]
+    if unknown:
+        raise SystemExit(f"tasks={unknown[0]!r}: not an lm-eval task nor one of {TASKS_DIR}/ (lm_eval ls tasks lists them)")
+    try:
+        loaded = manager.load(specs)  # reads each task's data: the hub's, or files on disk
+    except Exception as e:  # no network, a missing file, a file of another format
+        why = str(e).strip().splitlines()[0][:200] if str(e).strip() else ''
+        raise SystemExit(f"tasks={','.join(names)!r}: could not read a task's data ({type(e).__name__}: {why}); offline, use "
+                         f"<task>_local with the published files under data/tasks/ ({TASKS_DIR}/*_local.yaml say which)") from None
+    results = simple_evaluate(model=lm, tasks=list(loaded['tasks'].values()), limit=limit or None, bootstrap_iters=0,
+                              log_samples=True, verbosity='ERROR')
     scores = {}
-    passages = next_passage_items(tokens, rng)
-    correct = sum(int(np.argmax([continuation_logprob(model, c, choice) for choice in choices]) == gold)
-                  for c, choices, gold in passages)
-    scores['next_passage'] = {'acc': correct / len(passages), 'items': len(passages), 'chance': 0.25}  # equal lengths: acc_norm = acc
-    scores['last_word'] = cloze(model, enc, last_word_items(tokens, enc, rng))
-    for name, path, read in [('hellaswag', hellaswag, hellaswag_examples), ('arc_easy', arc_easy, arc_examples),
-                             ('arc_challenge', arc_challenge, arc_examples),
-                             ('piqa', piqa, lambda p: piqa_examples(p, piqa_labels))]:
-        if path:
-            scores[name] = multiple_choice(model, enc, read(path))
-    if lambada:
-        scores['lambada'] = cloze(model, enc, lambada_examples(lambada))
+    for name, metrics in results['results'].items():
+        if name not in results['samples']:  # a group (a *_local file): its task has the scores
+            continue
+        samples = results['samples'][name]
+        multiple_choice = results['configs'][name]['output_type'] == 'multiple_choice'
+        scores[name] = {key.split(',')[0]: value for key, value in metrics.items()
+                        if key.endswith(',none') and '_stderr' not in key}
+        scores[name] |= {'items': len(samples),  # chance: a uniform guess among each item's choices (a cloze: none)
+                         'chance': float(np.mean([1 / len(s['arguments']) for s in samples])) if multiple_choice else 0.0}
     return scores
 
 
 if __name__ == '__main__':
+    if sys.argv[1:2] == ['lm_eval']:  # lm-eval's own command line, with nanocola registered
+        from lm_eval.__main__ import cli_evaluate
+        sys.argv = ['lm_eval'] + sys.argv[2:]
+        cli_evaluate()
+        sys.exit(0)
     globals().update(configure(public_settings(globals()), sys.argv[1:]))
-    for name, value in [('items', items), ('context_tokens', context_tokens), ('choice_tokens', choice_tokens)]:
+    for name, value in [('items', items), ('context_tokens', context_tokens), ('choice_tokens', choice_tokens),
+                        ('batch_size', batch_size)]:
         if value < 1:
             raise SystemExit(f"{name}={value}: expected a positive number")
-    if seed < 0:
-        raise SystemExit(f"seed={seed}: expected 0 or more")
+    if seed < 0 or limit < 0:
+        raise SystemExit(f"seed={seed}, limit={limit}: expected 0 or more")
+    names = [name.strip() for name in tasks.split(',') if name.strip()]
+    if not names:
+        raise SystemExit(f"tasks={tasks!r}: expected lm-eval task names, comma-separated (e.g. next_passage,last_word)")
     if not (device == 'cpu' or (device.startswith('cuda') and torch.cuda.is_available())):
         raise SystemExit(f"device={device!r}: expected 'cpu', or 'cuda' on a machine with a CUDA GPU")
-    path = os.path.join(out_dir, 'ckpt.pt')
-    checkpoint = load_checkpoint(path)
-    model = model_from_checkpoint(checkpoint, device, path).eval()
-    print('scoring ' + describe_checkpoint(checkpoint, path), file=sys.stderr)
-    if context_tokens + choice_tokens > model.config.block_size:
+    lm = NanoCoLA(out_dir, device=device, batch_size=batch_size)
+    if context_tokens + choice_tokens > lm.max_length and any(name in BUILT_IN for name in names):
         raise SystemExit(f"context_tokens + choice_tokens = {context_tokens + choice_tokens}: expected at most the "
-                         f"model's block_size={model.config.block_size}")
-    enc = get_encoding(checkpoint['encoding'])
-    folder = data_dir or checkpoint['config']['data_dir']
-    if not os.path.exists(os.path.join(folder, 'meta.json')):
-        raise SystemExit(f"{path} was trained on {folder}/, which holds no meta.json now: give --data_dir=")
-    scores = evaluate(model, enc, folder)
-    report = {'run': out_dir, 'iter': checkpoint['iter_num'], 'seed': seed, 'scores': scores}
+                         f"model's block_size={lm.max_length}")
+    folder = data_dir or lm.checkpoint['config']['data_dir']
+    if any(name in BUILT_IN for name in names) and not os.path.exists(os.path.join(folder, 'meta.json')):
+        raise SystemExit(f"{out_dir}/ckpt.pt was trained on {folder}/, which holds no meta.json now: give --data_dir=")
+    import lm_eval
+    with tempfile.TemporaryDirectory() as scratch:
+        scores = score(lm, names, folder, scratch)
+    report = {'run': out_dir, 'iter': lm.checkpoint['iter_num'], 'seed': seed, 'scored_by': f'lm-eval {lm_eval.__version__}',
+              'scores': scores}
     write_durably(os.path.join(out_dir, 'evaluate.json'), lambda f: f.write(json.dumps(report, indent=1).encode()))
     if as_json:
         print(json.dumps(report, indent=1))

@@ -2,7 +2,7 @@
 Export a train.py run as a Hugging Face folder, or import one.
 
     python export.py --out_dir=out-full-130m --export_dir=hf-full-130m
-    # then: transformers.AutoModelForCausalLM.from_pretrained('hf-full-130m')
+    # then: transformers.AutoModelForCausalLM.from_pretrained('hf-full-130m')   (a CoLA run: trust_remote_code=True)
     python export.py --import_dir=hf-llama --out_dir=out-from-llama --encoding=gpt2   # the other way
     # then: python train.py ... --out_dir=out-from-llama --init_from=resume  (training starts from those weights)
 
@@ -13,10 +13,11 @@ untied embeddings), so the weights map one to one:
   SLTrain's s B A + S, TSVD's (U S V)^T);
 - a CoLA run (CoLA-M the same weights, DLR folded into B) is written in the official CoLA code's layout: its
   ColaConfig (model_type 'cola', rank, only_lr_act) and each projection's cola_a (A, d_in x r) and cola_b (B, r x d_out),
-  which the official ColaForCausalLM.from_pretrained loads. (Our own modeling code for transformers'
-  trust_remote_code is not written yet; ELAS and Low-Rank have no Hugging Face layout and are refused.)
-Written: config.json, model.safetensors (float32, the weights as trained) and, when the run's encoding is a Hugging
-Face tokenizer (the paper's recipe), its tokenizer files.
+  which the official ColaForCausalLM.from_pretrained loads, with our modeling code beside it (modeling_nanocola.py,
+  named in config.json's auto_map), which AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True) loads.
+  ELAS and Low-Rank have no Hugging Face layout and are refused.
+Written: config.json, model.safetensors (float32, the weights as trained) and the run's encoding as a transformers
+tokenizer (hf_tokenizer: the same token ids).
 
 The other way, --import_dir: a Llama or official CoLA folder (config.json, model.safetensors) becomes out_dir/ckpt.pt,
 a checkpoint at step 0 with a fresh AdamW state, which train.py continues with --init_from=resume and the folder's
@@ -25,7 +26,9 @@ shapes; its encoding is the folder's tokenizer if it has one, else --encoding (t
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 import torch
 
@@ -110,7 +113,7 @@ def import_llama(folder):
         raise SystemExit(f"import_dir={folder!r}: model.safetensors lacks {sorted(missing)[0]} (and {len(missing) - 1} more)")
     model.load_state_dict({ours: weights[theirs] for ours, theirs in names.items()})
     tokenizer = os.path.exists(os.path.join(folder, 'tokenizer.json')) or os.path.exists(os.path.join(folder, 'tokenizer.model'))
-    return model, ('hf:' + os.path.abspath(folder) if tokenizer else None)
+    return model, hf.get('nanocola_encoding') or ('hf:' + os.path.abspath(folder) if tokenizer else None)
 
 
 def is_cola(model):
@@ -121,13 +124,43 @@ def hf_config(model):
     """config.json of the same architecture: transformers' LlamaConfig, or the official CoLA code's ColaConfig."""
     config = model.config
     cola = {'architectures': ['ColaForCausalLM'], 'model_type': 'cola', 'rank': config.rank,
-            'only_lr_act': config.only_lr_act} if is_cola(model) else {}
+            'only_lr_act': config.only_lr_act, 'auto_map': {'AutoConfig': 'modeling_nanocola.NanoCoLAConfig',
+                                                            'AutoModelForCausalLM': 'modeling_nanocola.NanoCoLAForCausalLM'}
+            } if is_cola(model) else {}
     return {'architectures': ['LlamaForCausalLM'], 'model_type': 'llama', 'vocab_size': config.vocab_size,
             'hidden_size': config.n_embd, 'intermediate_size': config.intermediate_size,
             'num_hidden_layers': config.n_layer, 'num_attention_heads': config.n_head,
             'num_key_value_heads': config.n_head, 'hidden_act': 'silu', 'max_position_embeddings': config.block_size,
             'rms_norm_eps': config.norm_eps, 'rope_theta': config.rope_theta, 'tie_word_embeddings': False,
             'attention_bias': False, 'mlp_bias': False, 'torch_dtype': 'float32', **cola}
+
+
+def hf_tokenizer(encoding):
+    """The run's encoding as a transformers tokenizer giving the same tokens: the paper's recipe's own tokenizer;
+    GPT-2's BPE from tiktoken's files (its vocab.bpe is GPT-2's merges.txt, its encoder.json GPT-2's vocab.json); the
+    byte encoding as byte-level BPE without merges (token b is byte b, 256 the end of text)."""
+    from transformers import GPT2TokenizerFast, PreTrainedTokenizerFast
+    if encoding.startswith('hf:'):
+        return get_encoding(encoding).tokenizer
+    if encoding == 'gpt2':
+        from tiktoken.load import read_file_cached
+        get_encoding('gpt2')  # tiktoken's files are cached (or a one-line exit saying how to get them offline)
+        url = 'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/'
+        with tempfile.TemporaryDirectory() as folder:
+            for name, ours in [('vocab.bpe', 'merges.txt'), ('encoder.json', 'vocab.json')]:
+                with open(os.path.join(folder, ours), 'wb') as f:
+                    f.write(read_file_cached(url + name))
+            return GPT2TokenizerFast(os.path.join(folder, 'vocab.json'), os.path.join(folder, 'merges.txt'),
+                                     split_special_tokens=True)  # '<|endoftext|>' in a text is text, as in tiktoken
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    shown = [*range(ord('!'), ord('~') + 1), *range(ord('¡'), ord('¬') + 1), *range(ord('®'), ord('ÿ') + 1)]
+    hidden = [b for b in range(256) if b not in shown]  # byte-level BPE's symbol of byte b: itself where printable,
+    chars = [chr(b) if b in shown else chr(256 + hidden.index(b)) for b in range(256)]  # else 256, 257, ... in order
+    tokenizer = Tokenizer(models.BPE(vocab={c: b for b, c in enumerate(chars)}, merges=[]))
+    tokenizer.pre_tokenizer, tokenizer.decoder = byte_level, decoders.ByteLevel()
+    tokenizer.add_special_tokens(['<|endoftext|>'])  # id 256
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token='<|endoftext|>', split_special_tokens=True)
 
 
 def write_import():
@@ -171,11 +204,15 @@ if __name__ == '__main__':
     from safetensors.torch import save as safetensors_bytes
     os.makedirs(export_dir, exist_ok=True)
     write_durably(os.path.join(export_dir, 'model.safetensors'), lambda f: f.write(safetensors_bytes(state, {'format': 'pt'})))
+    own = {'nanocola_encoding': checkpoint['encoding']} if checkpoint['encoding'] in ('byte', 'gpt2') else {}  # for import
     write_durably(os.path.join(export_dir, 'config.json'),
-                  lambda f: f.write(json.dumps(hf_config(model), indent=1).encode()))
-    if checkpoint['encoding'].startswith('hf:'):  # the paper's recipe: the tokenizer travels with the weights
-        get_encoding(checkpoint['encoding']).tokenizer.save_pretrained(export_dir)
+                  lambda f: f.write(json.dumps(hf_config(model) | own, indent=1).encode()))
+    hf_tokenizer(checkpoint['encoding']).save_pretrained(export_dir)
+    if is_cola(model):  # our modeling code travels with the weights
+        shutil.copyfile(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'modeling_nanocola.py'),
+                        os.path.join(export_dir, 'modeling_nanocola.py'))
     loads = (f"transformers.AutoModelForCausalLM.from_pretrained({export_dir!r})" if not is_cola(model) else
-             f"the official CoLA code's ColaForCausalLM.from_pretrained({export_dir!r})")
+             f"AutoModelForCausalLM.from_pretrained({export_dir!r}, trust_remote_code=True), or the official CoLA "
+             f"code's ColaForCausalLM")
     print(f"wrote {export_dir}/ ({hf_config(model)['architectures'][0]}, "
           f"{sum(t.numel() for t in state.values()) / 1e6:.2f}M parameters): {loads}")

@@ -65,3 +65,32 @@ def t5_like_tokenizer(folder, texts, vocab_size=120):
         json.dump({'tokenizer_class': 'T5Tokenizer', 'pad_token': '<pad>', 'eos_token': '</s>', 'unk_token': '<unk>',
                    'extra_ids': 0, 'model_max_length': 512}, f)
     return str(folder)
+
+
+def published_task_files(folder):
+    """Made-up items in the files and formats the hub publishes for lm-eval's tasks, where tasks/*_local.yaml read
+    them (under folder/data/tasks/): HellaSwag's parquet (its [tags] to clean), ARC's parquet (question, choices with
+    text and label, answerKey), PIQA's parquet, LAMBADA's JSON lines."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def parquet(path, rows):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    tasks = os.path.join(folder, 'data', 'tasks')
+    endings = [['sees the sea.', 'likes [title] a bird.', 'finds bread.', 'the king.'], ['a dog.', 'my friend.', 'the sea.', 'bread.']]
+    parquet(os.path.join(tasks, 'hellaswag', 'default', 'validation', '0000.parquet'), [
+        {'ind': i, 'activity_label': 'Walking', 'ctx_a': '[header] the cat [title] sees a dog.', 'ctx_b': 'the king',
+         'ctx': '', 'endings': endings[i % 2], 'source_id': 'x', 'split': 'val', 'split_type': 'indomain',
+         'label': str(i % 4)} for i in range(4)])
+    for name, answers in [('ARC-Easy', 'ABCA'), ('ARC-Challenge', 'CB')]:
+        parquet(os.path.join(tasks, 'ai2_arc', name, 'test-00000-of-00001.parquet'), [
+            {'id': f'q{i}', 'question': f'What does the cat see {i}?', 'answerKey': answer,
+             'choices': {'text': ['the sea', 'a bird', 'bread'], 'label': ['A', 'B', 'C']}} for i, answer in enumerate(answers)])
+    parquet(os.path.join(tasks, 'piqa', 'piqa_validation.parquet'), [
+        {'goal': 'find bread', 'sol1': 'look for the king', 'sol2': 'sleep', 'label': 0},
+        {'goal': 'see the sea', 'sol1': 'a dog', 'sol2': 'walk to the sea', 'label': 1}])
+    os.makedirs(os.path.join(tasks, 'lambada_openai', 'data'))
+    with open(os.path.join(tasks, 'lambada_openai', 'data', 'lambada_test.jsonl'), 'w') as f:
+        f.write(''.join(json.dumps({'text': t}) + '\n' for t in ['my friend likes the sea and the king finds bread',
+                                                                   'the cat sees a bird']))

@@ -3,7 +3,7 @@ import json
 
 import pytest
 import torch
-from conftest import TINY_TRAIN
+from conftest import TINY_TRAIN, needs_gpt2
 from helpers import refused, run, train_log
 
 from model import load_checkpoint, model_from_checkpoint
@@ -42,9 +42,15 @@ def test_a_dlr_run_exports_in_the_official_cola_layout_and_imports_back_as_the_s
     layer = ours.blocks[1].mlp.down_proj
     torch.testing.assert_close(weights['model.layers.1.mlp.down_proj.cola_a'], layer.A.detach())
     torch.testing.assert_close(weights['model.layers.1.mlp.down_proj.cola_b'], (layer.B + layer.dlr_residual).detach())
+    # the same folder through transformers with the modeling code it carries (ours): the run's logits
+    from transformers import AutoModelForCausalLM
+    theirs = AutoModelForCausalLM.from_pretrained(str(data / 'dlr-hf'), trust_remote_code=True).eval()
+    assert type(theirs).__name__ == 'NanoCoLAForCausalLM' and (data / 'dlr-hf' / 'modeling_nanocola.py').exists()
+    idx = torch.randint(0, ours.config.vocab_size, (2, ours.config.block_size))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(idx).logits, ours(idx)[0], rtol=1e-5, atol=2e-5)
     run(data, 'export.py', '--import_dir=dlr-hf', '--out_dir=dlr-back', '--encoding=byte')
     back = model_from_checkpoint(load_checkpoint(data / 'dlr-back' / 'ckpt.pt')).eval()
-    idx = torch.randint(0, ours.config.vocab_size, (2, ours.config.block_size))
     with torch.no_grad():
         torch.testing.assert_close(back(idx)[0], ours(idx)[0], rtol=1e-5, atol=1e-5)
 
@@ -64,12 +70,10 @@ def test_elas_and_an_existing_export_dir_are_refused_in_one_line(data):
 def test_an_exported_run_imports_back_bit_for_bit_and_trains_on(data):
     run(data, 'train.py', *TINY_TRAIN, '--rank=0', '--data_dir=data', '--out_dir=round', '--max_iters=2', '--eval_interval=2')
     run(data, 'export.py', '--out_dir=round', '--export_dir=round-hf')
-    refused(run(data, 'export.py', '--import_dir=round-hf', '--out_dir=round-back', check=False),
-            "import_dir='round-hf' holds no tokenizer: give --encoding= the data's")
-    run(data, 'export.py', '--import_dir=round-hf', '--out_dir=round-back', '--encoding=byte')
+    run(data, 'export.py', '--import_dir=round-hf', '--out_dir=round-back')  # the export says its encoding: byte
     before = load_checkpoint(data / 'round' / 'ckpt.pt')['model']
     after = load_checkpoint(data / 'round-back' / 'ckpt.pt')
-    assert after['iter_num'] == 0 and before.keys() == after['model'].keys()
+    assert after['iter_num'] == 0 and after['encoding'] == 'byte' and before.keys() == after['model'].keys()
     assert all(torch.equal(before[k], after['model'][k]) for k in before)  # the round trip is exact
     r = run(data, 'train.py', *TINY_TRAIN, '--rank=0', '--data_dir=data', '--out_dir=round-back', '--init_from=resume',
             '--max_iters=2', '--eval_interval=2')
@@ -77,3 +81,28 @@ def test_an_exported_run_imports_back_bit_for_bit_and_trains_on(data):
     assert train_log(data / 'round-back')[1][0] == train_log(data / 'round')[1][2]  # the same model, the same val loss
     refused(run(data, 'export.py', '--import_dir=round-hf', '--out_dir=round-back', '--encoding=byte', check=False),
             'round-back/ckpt.pt exists: nothing is overwritten')
+    (data / 'bare-hf').mkdir()  # a Llama folder of another origin, without a tokenizer
+    (data / 'bare-hf' / 'model.safetensors').write_bytes((data / 'round-hf' / 'model.safetensors').read_bytes())
+    config = json.loads((data / 'round-hf' / 'config.json').read_text())
+    (data / 'bare-hf' / 'config.json').write_text(json.dumps({k: v for k, v in config.items() if k != 'nanocola_encoding'}))
+    refused(run(data, 'export.py', '--import_dir=bare-hf', '--out_dir=bare-back', check=False),
+            "import_dir='bare-hf' holds no tokenizer: give --encoding= the data's")
+
+
+TEXTS = ["ROMEO:\nBut soft!  What light", "n\u00e9 \u4f60\u597d \u00ff\x00\x7f<|endoftext|>\n\n x", "  leading spaces, 'quotes' 123"]
+
+
+@pytest.mark.parametrize('encoding', ['byte', pytest.param('gpt2', marks=needs_gpt2)])
+def test_the_exported_tokenizer_gives_the_runs_own_tokens(encoding, tmp_path):
+    """What lm-eval's hf model and every transformers user encode with: the same ids as the run's encoding, text in
+    a text that looks like a special token included, and back to the same text."""
+    from transformers import AutoTokenizer
+
+    from export import hf_tokenizer
+    from shards import get_encoding
+    hf_tokenizer(encoding).save_pretrained(tmp_path)
+    theirs, ours = AutoTokenizer.from_pretrained(str(tmp_path)), get_encoding(encoding)
+    for text in TEXTS:
+        ids = ours.encode_to_numpy(text, disallowed_special=()).tolist()
+        assert theirs.encode(text) == ids and theirs.decode(ids) == text
+    assert theirs.eos_token_id == ours.eot_token
