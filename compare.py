@@ -11,9 +11,11 @@ and how do the other low-rank methods compare?
 
 Every run is train.py on the same prepared data, with the same shapes and the paper's schedule shape
 (linear warm-up over `warmup` of the steps, cosine to a tenth of the peak), in two stages:
-1. the learning-rate sweep: each method at each of sweep_lrs, for sweep_fraction of the steps (every
-   schedule scaled with it) and seed seeds[0]. CoLA-M computes CoLA's function exactly, so it takes
-   CoLA's learning rate instead; a method named in learning_rates takes that one instead.
+1. the learning-rate sweep, with seed seeds[0], every run as long as the study's (a shorter run favours larger
+   rates): each method at each of sweep_lrs, then at the best of them times and divided by sqrt(2); the lowest
+   final validation loss wins, and that run is the method's seed-1 study run (out_dir/<method>-seed<s> links to
+   it), not trained twice. CoLA-M computes CoLA's function exactly, so it takes CoLA's learning rate instead; a
+   method named in learning_rates takes that one instead.
 2. the comparison: each method at its best learning rate, once per seed in seeds. train.py's seed sets
    both the initial weights and the order of the training sequences, so seed s gives every method the
    same data order, and each gap to full-rank is taken within a seed before its mean and spread.
@@ -66,8 +68,7 @@ warmup = 0.1  # linear warm-up over this fraction of the steps, then cosine to a
 eval_interval = 100  # evaluate (and checkpoint) every this many steps
 eval_tokens = 65536  # validation tokens per evaluation
 methods = ('full-rank', 'cola', 'cola-m', 'dlr', 'elas', 'tsvd', 'galore', 'fira', 'low-rank', 'sltrain', 'relora')  # the methods studied, of METHODS
-sweep_lrs = (2e-3, 4e-3, 8e-3, 1.6e-2)  # peak learning rates tried per method (GaLore's packages: 1e-2) ...
-sweep_fraction = 0.2  # ... in runs of this fraction of max_iters
+sweep_lrs = (2e-3, 4e-3, 8e-3, 1.6e-2)  # peak learning rates tried per method (GaLore's packages: 1e-2), then the best / and * sqrt(2)
 learning_rates = ()  # (method, peak lr) pairs that skip the sweep, e.g. (('full-rank', 2e-3),)
 seeds = (1, 2, 3)  # the study's seeds, each a run per method
 dlr_alpha = 1.0  # DLR's alpha (the paper's 1.0)
@@ -83,6 +84,7 @@ compile_model = False  # torch.compile each run's model
 nproc = 1  # processes per run (torchrun), e.g. GPUs
 downstream_items = 200  # evaluate.py's built-in tasks on each study run's final checkpoint, items of each (0: off)
 keep_checkpoints = True  # the study's runs keep every evaluation's checkpoint: the trajectories analyze.py reads
+trend = ()  # instead of training: studies of other widths (out_dirs) whose full-rank and CoLA gaps out_dir/trend.md sets side by side
 jobs = 1  # runs at a time, each on cpu_count / jobs cores: for many cores (2 cores: no faster, measured, see docs/study.md)
 
 METHODS = ('full-rank', 'cola', 'cola-m', 'dlr', 'elas', 'tsvd', 'galore', 'fira', 'low-rank', 'sltrain', 'relora')
@@ -114,29 +116,29 @@ def regime():
         full, cola, paper_full = (Transformer(ModelConfig(vocab_size=64, block_size=block_size, rank=r, **s)).num_params()
                                   for s, r in [(shape, 0), (shape, rank), (PAPER_SHAPE, 0)])
     tokens = max_iters * batch_size * block_size * gradient_accumulation_steps * nproc
-    sweep_steps = round(sweep_fraction * max_iters)
     return {'tokens': tokens, 'full_params': full, 'cola_params': cola, 'tokens_per_full_param': tokens / full,
             'tokens_per_cola_param': tokens / cola, 'rank_ratio': rank / n_embd, 'warmup_iters': round(warmup * max_iters),
             'elas_warmup_iters': method_settings('elas', max_iters)['elas_warmup_iters'],
-            'tsvd_interval': method_settings('tsvd', max_iters)['tsvd_interval'], 'sweep_steps': sweep_steps,
+            'tsvd_interval': method_settings('tsvd', max_iters)['tsvd_interval'],
             'galore_update_interval': method_settings('galore', max_iters)['galore_update_interval'],
             'relora_interval': method_settings('relora', max_iters)['relora_interval'],
             'paper_tokens_per_param': PAPER_TOKENS / PAPER_PARAMS, 'paper_tokens_per_full_param': PAPER_TOKENS / paper_full}
 
 
-def plan_run(name, method, lr, seed, steps):
+def plan_run(name, method, lr, seed):
     """What a run still needs, as (name, commands): train.py unless it finished (a finished run is reused only if it
     was trained with these settings; an unfinished one resumes from its checkpoint, or starts over without one),
-    then, for a study run, evaluate.py on its final checkpoint unless that was scored already."""
-    run_dir = os.path.join(out_dir, name)
+    then, for a study run, evaluate.py on its final checkpoint unless that was scored already. Every run keeps its
+    checkpoints: a sweep's run may turn out to be a study run."""
+    run_dir, steps = os.path.join(out_dir, name), max_iters
     log_path, checkpoint = os.path.join(run_dir, 'log.jsonl'), os.path.join(run_dir, 'ckpt.pt')
-    study_run = steps == max_iters and name.split('/')[0] != 'sweep'
+    study_run = name.split('/')[0] != 'sweep'
     settings = dict(
         data_dir=data_dir, n_layer=n_layer, n_head=n_head, n_embd=n_embd, intermediate_size=intermediate_size,
         block_size=block_size, batch_size=batch_size, gradient_accumulation_steps=gradient_accumulation_steps,
         max_iters=steps, lr_decay_iters=steps, warmup_iters=round(warmup * steps), eval_interval=eval_interval,
         eval_tokens=eval_tokens, learning_rate=lr, min_lr=lr / 10, seed=seed, device=device, dtype=dtype,
-        compile_model=compile_model, keep_best=False, keep_checkpoints=keep_checkpoints and study_run, log_interval=10,
+        compile_model=compile_model, keep_best=False, keep_checkpoints=keep_checkpoints, log_interval=10,
         **method_settings(method, steps))
     records = read_log(log_path) if os.path.exists(log_path) else []
     for key, value in settings.items():
@@ -169,14 +171,15 @@ def run_all(plans):
     its out_dir/output.txt; then return the runs' summaries in the order given."""
     global runs_done, steps_left, steps_trained
     waiting, running = [p for p in plans if p[1]], {}  # running: process -> (name, commands left)
+    training = {name for name, commands in plans if trains(commands)}
     runs_done += len(plans) - len(waiting)  # finished before: counted, not run again
-    steps_left -= sum(run_steps(name) for name, commands in plans if not commands)
+    steps_left -= max_iters * sum(not trains(commands) for _, commands in plans)
     threads = str(max(1, (os.cpu_count() or 1) // jobs))  # the cores shared out, not oversubscribed
     while waiting or running:
         while waiting and len(running) < jobs:
             name, commands = waiting.pop(0)
             runs_done += 1
-            what = 'training' if any(part.endswith('train.py') for part in commands[0]) else 'scoring'
+            what = 'training' if trains(commands) else 'scoring'
             eta = (time.time() - started) / steps_trained * steps_left if steps_trained else None  # from this invocation's pace
             print(f"run {runs_done} of {total_runs}, {name}: {what} ... (output: {out_dir}/{name}/output.txt)"
                   + (f"; the whole study about {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m more" if eta else ''), flush=True)
@@ -193,7 +196,8 @@ def run_all(plans):
             if commands:
                 running[launch(name, commands[0], threads)] = (name, commands[1:])
             else:
-                steps_left, steps_trained = steps_left - run_steps(name), steps_trained + run_steps(name)
+                trained = max_iters if name in training else 0
+                steps_left, steps_trained = steps_left - trained, steps_trained + trained
                 final = [r for r in read_log(os.path.join(out_dir, name, 'log.jsonl')) if 'val_loss' in r][-1]
                 print(f"{name}: done, val loss {final['val_loss']:.4f}", flush=True)
     results = []
@@ -208,11 +212,12 @@ def run_all(plans):
 
 
 def read_scores(path, items):
-    """{task: acc} of an evaluate.json scored on `items` items per built-in task, or None where it is missing,
-    unreadable (a kill while writing it in an older version, a hand edit) or of another item count: then it is scored
-    again."""
+    """{task: acc} of an evaluate.json scored through lm-eval on `items` items per built-in task, or None where it is
+    missing, unreadable (a kill while writing it in an older version, a hand edit), of another item count or from the
+    hand-written task definitions before lm-eval: then it is scored again."""
     try:
-        scores = json.load(open(path))['scores']
+        report = json.load(open(path))
+        scores = report['scores'] if report['scored_by'].startswith('lm-eval') else {}
         return {task: s['acc'] for task, s in scores.items()} if scores['next_passage']['items'] == items else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -234,9 +239,8 @@ def interrupted(signum, frame):
     raise SystemExit("interrupted: each run in progress saves its step; the same command continues the study")
 
 
-def run_steps(name):
-    """The steps a run trains: the sweep's are shorter."""
-    return plan['sweep_steps'] if name.startswith('sweep/') else max_iters
+def trains(commands):
+    return any(part.endswith('train.py') for command in commands for part in command)
 
 
 def launch(name, command, threads):
@@ -333,7 +337,7 @@ def regime_text(plan):
             f"warm-up {plan['warmup_iters']} of {max_iters} steps; ELAS dense for {plan['elas_warmup_iters']} steps; "
             f"TSVD adapts every {plan['tsvd_interval']} steps; GaLore and Fira refresh their projectors every "
             f"{plan['galore_update_interval']} steps; ReLoRA merges every {plan['relora_interval']} steps"
-            + (f"; the sweep's runs: {plan['sweep_steps']} steps." if sweeping() else '; no sweep (every lr given).'))
+            + ("; the sweep's runs as long as the study's." if sweeping() else '; no sweep (every lr given).'))
 
 
 def sweeping():
@@ -343,16 +347,20 @@ def sweeping():
 
 def markdown(plan, sweep, best_lrs, study):
     """compare.md: the regime, the sweep, the study table (mean ± std over seeds), notes."""
-    every_run = [r for runs in list(sweep.values()) + list(study.values()) for r in runs]
+    every_run = {os.path.realpath(os.path.join(out_dir, r['run'])): r  # a seed-1 study run is its sweep's run: once
+                 for runs in list(sweep.values()) + list(study.values()) for r in runs}.values()
     lines = [regime_text(plan), '', f"{len(every_run)} runs, {sum(r['wall_s'] for r in every_run) / 60:.0f} minutes of "
              f"training summed over the runs; tokens/s and wall time below are each run's own, with {plural(jobs, 'run')} "
              f"at a time on {os.cpu_count()} cores.", '']
     if sweep:
-        lines += [f'Learning-rate sweep (seed {seeds[0]}, {plan["sweep_steps"]} steps): final validation loss', '',
-                  '| method | ' + ' | '.join(f'{lr:g}' for lr in sweep_lrs) + ' | best |',
-                  '|---|' + '---|' * (len(sweep_lrs) + 1)]
+        rates = sorted({r['lr'] for runs in sweep.values() for r in runs})
+        lines += [f'Learning-rate sweep (seed {seeds[0]}, {max_iters} steps, the grid then a factor sqrt(2) around its '
+                  f'best): final validation loss', '', '| method | ' + ' | '.join(f'{lr:.3g}' for lr in rates)
+                  + ' | best | margin |', '|---|' + '---|' * (len(rates) + 2)]
         for method, runs in sweep.items():
-            lines.append(f'| {method} | ' + ' | '.join(f"{r['val_loss']:.4f}" for r in runs) + f' | {best_lrs[method]:g} |')
+            loss = {r['lr']: r['val_loss'] for r in runs}
+            lines.append(f'| {method} | ' + ' | '.join(f"{loss[lr]:.4f}" if lr in loss else '-' for lr in rates)
+                         + f' | {best_lrs[method]:.3g} | {won_by(runs)} |')
         lines.append('')
     lines += [f'Each method at its best peak lr, {plural(len(seeds), "seed")} ({", ".join(map(str, seeds))})'
               + (': mean ± standard deviation over seeds; ' if len(seeds) > 1 else '; ')
@@ -382,6 +390,40 @@ def markdown(plan, sweep, best_lrs, study):
     return '\n'.join(lines)
 
 
+def won_by(runs):
+    """How far the best rate of a method's sweep is ahead of its runner-up: 'x.xx% below lr', and whether it lies at
+    the edge of the rates tried (then a rate outside them might do better)."""
+    ranked = sorted(runs, key=lambda r: r['val_loss'])
+    if len(ranked) < 2:
+        return '-'
+    edge = ranked[0]['lr'] in (min(r['lr'] for r in runs), max(r['lr'] for r in runs))
+    return (f"{(ranked[1]['val_loss'] / ranked[0]['val_loss'] - 1) * 100:.2f}% below {ranked[1]['lr']:.3g}"
+            + (' (at the edge of the rates tried)' if edge else ''))
+
+
+def refined(runs):
+    """The rates a factor sqrt(2) either side of the best of a method's grid runs."""
+    best = min(runs, key=lambda r: r['val_loss'])['lr']
+    return [best / 2 ** 0.5, best * 2 ** 0.5]
+
+
+def link_study_run(method, sweep_run):
+    """out_dir/<method>-seed<first seed> -> the sweep's run at the chosen rate (a relative link, replaced at once where
+    an earlier choice made another; a folder there is a run of its own: refused)."""
+    link = os.path.join(out_dir, f'{method}-seed{seeds[0]}')
+    target = os.path.join('sweep', os.path.basename(sweep_run))
+    if os.path.islink(link) and os.readlink(link) == target:
+        return
+    if os.path.exists(link) and not os.path.islink(link):
+        raise SystemExit(f"{link}/ is a run of its own, trained apart from the sweep (an earlier compare.py, whose sweep "
+                         f"was shorter): give this study another out_dir")
+    temporary = link + '.link'
+    if os.path.lexists(temporary):
+        os.remove(temporary)
+    os.symlink(target, temporary)
+    os.replace(temporary, link)
+
+
 def rank_table(row):
     """TSVD's mean rank per projection type after each rank change."""
     types = ['q', 'k', 'v', 'o', 'gate', 'up', 'down']
@@ -395,6 +437,57 @@ def rank_table(row):
 
 COLA_FAMILY = ('full-rank', 'cola', 'cola-m', 'dlr', 'elas', 'tsvd')  # the plot's upper row; full-rank and CoLA ...
 BASELINES = ('full-rank', 'cola', 'galore', 'fira', 'low-rank', 'sltrain', 'relora')  # ... in both, as the yardsticks
+
+
+def trend_report(studies):
+    """trend.md and trend.png: per study (one width each), CoLA's gap to full-rank at equal steps and at equal FLOPs
+    over the seeds both have, and how far CoLA-M's validation losses lie from CoLA's."""
+    lines = ['| d | r | full-rank params | seeds | full-rank lr | CoLA lr | full-rank val loss | CoLA val loss | '
+             'gap at equal steps (%) | gap at equal FLOPs (%) | CoLA-M vs CoLA (max abs diff) |', '|---' * 11 + '|']
+    points = []
+    for folder in studies:
+        runs = {}
+        for m in ('full-rank', 'cola', 'cola-m'):
+            for s in range(1, 100):
+                path = os.path.join(folder, f'{m}-seed{s}', 'log.jsonl')
+                if os.path.exists(path):
+                    runs.setdefault(m, {})[s] = summary(f'{m}-seed{s}', read_log(path))
+        common = sorted(set(runs.get('full-rank', {})) & set(runs.get('cola', {})))
+        if not common:
+            raise SystemExit(f"trend: {folder}/ holds no full-rank and CoLA runs of the same seed (run its compare.py first)")
+        full, cola = [runs['full-rank'][s] for s in common], [runs['cola'][s] for s in common]
+        at_steps, at_flops = gaps(cola, full)
+        config = read_log(os.path.join(folder, f'cola-seed{common[0]}', 'log.jsonl'))[0]
+        d, r = config['config']['n_embd'], config['config']['rank']
+        m_runs = [(runs['cola'][s], runs['cola-m'][s]) for s in common if s in runs.get('cola-m', {})]
+        deviation = max((abs(a[2] - b[2]) for c, m in m_runs for a, b in zip(c['evals'], m['evals'])), default=None)
+        lines.append(f"| {d} | {r} | {full[0]['params']:,} | {len(common)} | {full[0]['lr']:.3g} | {cola[0]['lr']:.3g} | "
+                     f"{mean_spread([x['val_loss'] for x in full])} | {mean_spread([x['val_loss'] for x in cola])} | "
+                     f"{mean_spread(at_steps, 2)} | {mean_spread(at_flops, 2)} | "
+                     f"{'-' if deviation is None else f'{deviation:.1e}'} |")
+        points.append((d, at_steps, [g for g in at_flops if g is not None]))
+    write_durably(os.path.join(out_dir, 'trend.md'), lambda f: f.write(('\n'.join(lines) + '\n').encode()))
+    print('\n'.join(lines))
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, label in [(1, 'at equal steps'), (2, 'at equal FLOPs')]:
+        xs = [d for d, *g in points if g[i - 1]]
+        ax.errorbar(xs, [statistics.mean(g[i - 1]) for d, *g in points if g[i - 1]], capsize=4, marker='o', label=label,
+                    yerr=[statistics.stdev(g[i - 1]) if len(g[i - 1]) > 1 else 0 for d, *g in points if g[i - 1]])
+    ax.axhline(0, color='grey', linewidth=0.8)
+    ax.set_xscale('log', base=2)
+    ax.set_xlabel('model width d (r = d/4, 2 layers)')
+    ax.set_ylabel("CoLA's loss gap to full-rank (%)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    write_durably(os.path.join(out_dir, 'trend.png'), lambda f: fig.savefig(f, format='png', dpi=100))
+    print(f"wrote {out_dir}/trend.md and {out_dir}/trend.png")
 
 
 def plot(study, path):
@@ -450,20 +543,19 @@ if __name__ == '__main__':
         raise SystemExit(f"seeds={seeds}: a seed twice would count one run as two; expected distinct seeds")
     if jobs < 1:
         raise SystemExit(f"jobs={jobs}: expected 1 or more runs at a time")
-    if not 0 < sweep_fraction <= 1:
-        raise SystemExit(f"sweep_fraction={sweep_fraction}: expected a fraction in (0, 1]")
     for pair in learning_rates:
         if not (isinstance(pair, tuple) and len(pair) == 2 and pair[0] in METHODS and isinstance(pair[1], (int, float))
                 and pair[1] > 0):
             raise SystemExit(f"learning_rates: {pair!r}: expected (method, peak lr) pairs, each method one of "
                              f"{', '.join(METHODS)}, each rate positive")
+    if trend:
+        make_writable_folder(out_dir)
+        trend_report(trend)
+        sys.exit(0)
     plan = regime()
     if sweeping() and not sweep_lrs:
         raise SystemExit(f"sweep_lrs={sweep_lrs}: no rates to sweep, and {', '.join(m for m in methods if m not in dict(learning_rates))} "
                          f"have none in learning_rates; give rates to sweep, or each method's rate")
-    if plan['sweep_steps'] < 1 and any(m not in dict(learning_rates) for m in methods):
-        raise SystemExit(f"sweep_fraction={sweep_fraction} of max_iters={max_iters} is {plan['sweep_steps']} steps: the "
-                         f"sweep's runs would not train; expected at least 1 step (better: many)")
     make_writable_folder(out_dir)
     lock = open_to_append(os.path.join(out_dir, 'compare.lock'), 'a+')  # one study at a time in out_dir, the kernel's lock
     try:
@@ -474,17 +566,23 @@ if __name__ == '__main__':
     print(regime_text(plan))
     best_lrs = dict(learning_rates)
     swept = [m for m in methods if m not in best_lrs and not (m == 'cola-m' and 'cola' in methods)]
-    runs_done, total_runs = 0, len(swept) * len(sweep_lrs) + len(methods) * len(seeds)
-    # for the ETA: the steps still to train (finished runs are taken off as they are found), and this invocation's pace
-    steps_left = len(swept) * len(sweep_lrs) * plan['sweep_steps'] + len(methods) * len(seeds) * max_iters
-    steps_trained, started = 0, time.time()
-    swept_runs = run_all([plan_run(f'sweep/{m}-lr{lr:g}', m, lr, seeds[0], plan['sweep_steps']) for m in swept for lr in sweep_lrs])
-    sweep = {m: swept_runs[i * len(sweep_lrs):(i + 1) * len(sweep_lrs)] for i, m in enumerate(swept)}
-    best_lrs |= {m: min(runs, key=lambda r: r['val_loss'])['lr'] for m, runs in sweep.items()}
+    # the sweep's runs (grid and refinement) and the study's, less the seed-1 runs the sweep trains
+    runs_done, total_runs = 0, len(swept) * (len(sweep_lrs) + 2) + len(methods) * len(seeds)
+    # for the ETA: the steps still to train (runs that train nothing more are taken off as found), this invocation's pace
+    steps_left, steps_trained, started = total_runs * max_iters, 0, time.time()
+    grid = run_all([plan_run(f'sweep/{m}-lr{lr:g}', m, lr, seeds[0]) for m in swept for lr in sweep_lrs])
+    sweep = {m: grid[i * len(sweep_lrs):(i + 1) * len(sweep_lrs)] for i, m in enumerate(swept)}
+    finer = run_all([plan_run(f'sweep/{m}-lr{lr:g}', m, lr, seeds[0]) for m in swept for lr in refined(sweep[m])])
+    for i, m in enumerate(swept):
+        sweep[m] = sorted(sweep[m] + finer[2 * i:2 * i + 2], key=lambda r: r['lr'])
+        best = min(sweep[m], key=lambda r: r['val_loss'])
+        best_lrs[m] = best['lr']
+        link_study_run(m, best['run'])
+        print(f"{m}: lr {best['lr']:.3g} wins, {won_by(sweep[m])}", flush=True)
     if 'cola-m' in methods and 'cola-m' not in best_lrs:
         best_lrs['cola-m'] = best_lrs['cola']  # the same function as CoLA's, so the same best lr
     # seed by seed, so that a study cut short holds every method at its first seeds
-    study_runs = run_all([plan_run(f'{m}-seed{s}', m, best_lrs[m], s, max_iters) for s in seeds for m in methods])
+    study_runs = run_all([plan_run(f'{m}-seed{s}', m, best_lrs[m], s) for s in seeds for m in methods])
     study = {m: study_runs[i::len(methods)] for i, m in enumerate(methods)}
     table = markdown(plan, sweep, best_lrs, study)
     write_durably(os.path.join(out_dir, 'compare.md'), lambda f: f.write((table + '\n').encode()))

@@ -3,7 +3,8 @@
 # tokens per step: 1 GPU x 64 sequences x 8 micro-steps x 256 tokens = 131,072 (512 sequences, as the recipe)
 # 2,000 steps = 262M tokens per run: 10.4 per full-rank non-embedding parameter (25.3M), a fifth of the recipe's 10,000;
 # every method's schedules scale with it (compare.py: GaLore's T = 2%, ReLoRA's merges every 10%, ...).
-# 5 methods x 4 lrs swept for 400 steps, then 11 methods x 3 seeds: 53 runs, 74,000 steps. Not yet run on a GPU.
+# 5 methods x (4 lrs, then 2 around the best) swept at full length, the winners being their seed-1 runs, then the
+# other 11 x 3 - 5 study runs: 58 runs, 116,000 steps. Not yet run on a GPU.
 out_dir, data_dir = 'out-compare-60m', 'data/c4'
 n_layer, n_head, n_embd, intermediate_size, rank = 8, 8, 512, 1376, 128  # rank 128: every official 60m script's
 batch_size, gradient_accumulation_steps = 64, 8

@@ -19,17 +19,24 @@ def test_compare_sweeps_then_runs_every_method_per_seed_and_its_table_comes_from
     run(tmp_path, 'prepare.py', '--input_files=text.txt', '--encoding=byte', '--out_dir=data', '--val_tokens=2000')
     args = ['--data_dir=data', '--out_dir=cmp', '--n_layer=1', '--n_head=2', '--n_embd=32', '--intermediate_size=64',
             '--rank=8', '--block_size=32', '--batch_size=4', '--max_iters=10', '--eval_interval=5', '--eval_tokens=512',
-            '--sweep_lrs=(3e-3,1e-2)', '--sweep_fraction=0.5', '--seeds=(1,2)', '--downstream_items=5',
+            '--sweep_lrs=(3e-3,1e-2)', '--seeds=(1,2)', '--downstream_items=5',
             "--methods=('full-rank','cola','cola-m','relora')",  # every method's settings: the next test
             "--learning_rates=(('full-rank',1e-3),('relora',1e-3))", '--jobs=2']  # two runs at a time
     r = run(tmp_path, 'compare.py', *args)
-    # only CoLA is swept (CoLA-M takes its lr), at half the steps; then 4 methods x 2 seeds
-    assert 'run 1 of 10, sweep/cola-lr0.003: training' in r.stdout and 'run 10 of 10, relora-seed2' in r.stdout
-    assert 'm more' in r.stdout.split('run 10 of 10')[1].splitlines()[0]  # the whole study's ETA, once a run has finished
+    # only CoLA is swept (CoLA-M takes its lr): the grid, then its best / and * sqrt(2); then 4 methods x 2 seeds
+    assert 'run 1 of 12, sweep/cola-lr0.003: training' in r.stdout and 'run 12 of 12, relora-seed2' in r.stdout
+    assert 'm more' in r.stdout.split('run 12 of 12')[1].splitlines()[0]  # the whole study's ETA, once a run has finished
     assert 'iter 5: val loss' in (tmp_path / 'cmp' / 'sweep' / 'cola-lr0.003' / 'output.txt').read_text()  # each run's own output
-    sweep = {lr: read_log(tmp_path / 'cmp' / 'sweep' / f'cola-lr{lr:g}' / 'log.jsonl') for lr in (3e-3, 1e-2)}
-    assert all(log[0]['config']['max_iters'] == 5 and log[0]['config']['seed'] == 1 for log in sweep.values())
+    grid = {lr: read_log(tmp_path / 'cmp' / 'sweep' / f'cola-lr{lr:g}' / 'log.jsonl') for lr in (3e-3, 1e-2)}
+    best_grid = min(grid, key=lambda lr: grid[lr][-1]['val_loss'])
+    sweep = grid | {lr: read_log(tmp_path / 'cmp' / 'sweep' / f'cola-lr{lr:g}' / 'log.jsonl')
+                    for lr in (best_grid / 2 ** 0.5, best_grid * 2 ** 0.5)}
+    sweep = dict(sorted(sweep.items()))
+    assert all(log[0]['config']['max_iters'] == 10 and log[0]['config']['seed'] == 1 for log in sweep.values())  # full length
     best_cola = min(sweep, key=lambda lr: sweep[lr][-1]['val_loss'])
+    # the sweep's run at the chosen rate is CoLA's seed-1 study run, not trained again
+    assert os.readlink(tmp_path / 'cmp' / 'cola-seed1') == os.path.join('sweep', f'cola-lr{best_cola:g}')
+    assert 'cola-seed1: training' not in r.stdout and f'cola: lr {best_cola:.3g} wins, ' in r.stdout
     lrs = {'full-rank': 1e-3, 'cola': best_cola, 'cola-m': best_cola, 'relora': 1e-3}
     logs = {(m, s): read_log(tmp_path / 'cmp' / f'{m}-seed{s}' / 'log.jsonl') for m in lrs for s in (1, 2)}
     for (m, s), log in logs.items():
@@ -39,10 +46,15 @@ def test_compare_sweeps_then_runs_every_method_per_seed_and_its_table_comes_from
     assert final['cola-m', 1] == final['cola', 1] and final['cola', 1] != final['cola', 2]
 
     blocks = [block.splitlines() for block in (tmp_path / 'cmp' / 'compare.md').read_text().split('\n\n')]
+    assert blocks[1][0].startswith('11 runs, ')  # 4 swept and 8 study runs, CoLA's seed-1 run one of the sweep's
     tables = {'best' in block[0]: {line.split('|')[1].strip(): [c.strip() for c in line.split('|')[2:-1]]
                                    for line in block[2:]} for block in blocks if block[0].startswith('| method')}
     sweep_rows, rows = tables[True], tables[False]
-    assert sweep_rows == {'cola': [f"{log[-1]['val_loss']:.4f}" for log in sweep.values()] + [f'{best_cola:g}']}
+    losses = sorted(log[-1]['val_loss'] for log in sweep.values())
+    runner_up = next(lr for lr, log in sweep.items() if log[-1]['val_loss'] == losses[1])
+    margin = f"{(losses[1] / losses[0] - 1) * 100:.2f}% below {runner_up:.3g}"
+    edge = ' (at the edge of the rates tried)' if best_cola in (min(sweep), max(sweep)) else ''
+    assert sweep_rows == {'cola': [f"{log[-1]['val_loss']:.4f}" for log in sweep.values()] + [f'{best_cola:.3g}', margin + edge]}
     assert set(rows) == set(lrs)
     evals = {key: np.array([(r['flops'], r['val_loss']) for r in log if 'val_loss' in r]) for key, log in logs.items()}
     for m in lrs:
@@ -70,13 +82,18 @@ def test_compare_sweeps_then_runs_every_method_per_seed_and_its_table_comes_from
     assert all(r['scores']['next_passage']['items'] == 5 for r in reports.values())
     accs = np.array([reports['cola', s]['scores']['next_passage']['acc'] for s in (1, 2)])
     assert rows['cola'][4] == f'{accs.mean():.3f} ± {accs.std(ddof=1):.3f}'
-    assert not (tmp_path / 'cmp' / 'sweep' / 'cola-lr0.003' / 'evaluate.json').exists()
+    assert sum((tmp_path / 'cmp' / 'sweep' / f'cola-lr{lr:g}' / 'evaluate.json').exists() for lr in sweep) == 1  # the linked one
     png = tmp_path / 'cmp' / 'compare.png'
     try:
         import matplotlib  # noqa: F401
         assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     except ImportError:
         assert not png.exists()
+    # the size trend's table: this study as one width, its CoLA gaps as in the study's table, CoLA-M on CoLA
+    run(tmp_path, 'compare.py', "--trend=('cmp',)", '--out_dir=trend')
+    [row] = [line.split('|')[1:-1] for line in (tmp_path / 'trend' / 'trend.md').read_text().splitlines()[2:]]
+    assert [c.strip() for c in row[:4]] == ['32', '8', f"{logs['full-rank', 1][0]['model_params']:,}", '2']
+    assert [c.strip() for c in row[8:]] == [rows['cola'][2], rows['cola'][3], '0.0e+00']
     before = {key: os.path.getmtime(tmp_path / 'cmp' / f'{key[0]}-seed{key[1]}' / 'log.jsonl') for key in logs}
     r = run(tmp_path, 'compare.py', *args)  # finished runs are not run again
     assert ': training ...' not in r.stdout
@@ -145,7 +162,6 @@ def test_the_regime_arithmetic_is_computed_from_the_settings(monkeypatch):
         assert plan['tsvd_interval'] == settings['max_iters'] // settings['tsvd_adaptations']
         assert plan['galore_update_interval'] == max(1, round(settings['galore_interval'] * settings['max_iters']))
         assert plan['relora_interval'] == max(1, round(settings['relora_interval'] * settings['max_iters']))
-        assert plan['sweep_steps'] == round(settings['sweep_fraction'] * settings['max_iters'])
         assert plan['paper_tokens_per_param'] == pytest.approx(21.8, abs=0.1)  # 1.31B tokens / 60M parameters
         text = compare.regime_text(plan)
         assert f"{tokens:,} training tokens per run = {tokens / full:.1f} per full-rank" in text
@@ -163,7 +179,6 @@ def test_a_resumed_log_keeps_the_redone_steps_records(tmp_path):
 @pytest.mark.parametrize('args,message', [
     (["--methods=('cola','lora')"], "methods: 'lora' is not one of full-rank, cola, cola-m, dlr, elas, tsvd"),
     (['--seeds=()'], 'seeds=(): expected one seed or more'),
-    (['--sweep_fraction=0.0'], 'sweep_fraction=0.0: expected a fraction in (0, 1]'),
     (['--sweep_lrs=()', "--methods=('full-rank',)"], 'sweep_lrs=(): no rates to sweep, and full-rank have none'),
     (["--methods=('full-rank',)", "--learning_rates=(('full_rank',4e-3),)"],
      "learning_rates: ('full_rank', 0.004): expected (method, peak lr) pairs, each method one of full-rank"),
@@ -180,13 +195,13 @@ def test_a_one_seed_study_without_a_sweep_says_neither_spread_nor_sweep(monkeypa
     monkeypatch.setattr(compare, 'learning_rates', (('full-rank', 1e-3), ('cola', 4e-3)))
     plan = compare.regime()
     assert not compare.sweeping() and compare.regime_text(plan).endswith('; no sweep (every lr given).')
-    row = {'val_loss': 2.0, 'params': 1e6, 'trained_params': 1e6, 'optimizer_bytes': 8e6, 'flops_per_token': 1e6,
+    row = {'run': 'full-rank-seed1', 'val_loss': 2.0, 'params': 1e6, 'trained_params': 1e6, 'optimizer_bytes': 8e6, 'flops_per_token': 1e6,
            'flops': 1e12, 'tokens_per_s': 1000, 'wall_s': 60, 'evals': [(0, 0, 3.0), (1e12, 1e12, 2.0)]}
-    table = compare.markdown(plan, {}, dict(compare.learning_rates), {'full-rank': [row], 'cola': [dict(row, val_loss=2.1)]})
+    table = compare.markdown(plan, {}, dict(compare.learning_rates), {'full-rank': [row], 'cola': [dict(row, val_loss=2.1, run='cola-seed1')]})
     assert 'Each method at its best peak lr, 1 seed (1); the gaps are to full-rank with the same seed.' in table
-    assert '±' not in table and "the sweep's runs" not in table
+    assert '±' not in table and "the sweep's runs" not in table and table.splitlines()[2].startswith('2 runs, 2 minutes')
     monkeypatch.setattr(compare, 'learning_rates', (('full-rank', 1e-3),))
-    assert compare.sweeping() and "; the sweep's runs: " in compare.regime_text(compare.regime())
+    assert compare.sweeping() and "; the sweep's runs as long as the study's." in compare.regime_text(compare.regime())
 
 
 def test_a_resumed_runs_wall_time_adds_both_processes_time(tmp_path):
@@ -212,11 +227,13 @@ def test_a_log_cut_short_by_a_kill_loses_its_last_line_only_and_a_damaged_one_is
 
 def test_unreadable_or_partial_scores_are_scored_again(tmp_path):
     from compare import read_scores
-    good = {'scores': {'next_passage': {'acc': 0.5, 'items': 5}, 'last_word': {'acc': 0.1, 'items': 5}}}
+    good = {'scored_by': 'lm-eval 0.4.13', 'scores': {'next_passage': {'acc': 0.5, 'items': 5},
+                                                      'last_word': {'acc': 0.1, 'items': 5}}}
     (tmp_path / 'evaluate.json').write_text(json.dumps(good))
     assert read_scores(tmp_path / 'evaluate.json', 5) == {'next_passage': 0.5, 'last_word': 0.1}
     assert read_scores(tmp_path / 'evaluate.json', 7) is None  # scored on other items
-    for broken in ('{"run": "x", "iter": 20, "scores": ', '{"scores": {}}', ''):
+    hand_written = json.dumps({k: v for k, v in good.items() if k != 'scored_by'})  # scored before lm-eval: again
+    for broken in ('{"run": "x", "iter": 20, "scores": ', '{"scores": {}}', '', hand_written):
         (tmp_path / 'evaluate.json').write_text(broken)
         assert read_scores(tmp_path / 'evaluate.json', 5) is None
     assert read_scores(tmp_path / 'missing.json', 5) is None

@@ -173,7 +173,7 @@ def test_prepare_reads_each_real_file_once_and_notices_a_changed_source(tmp_path
     ('analyze.py', ['--runs=run', '--reference=gone'], 'no checkpoint gone/ckpt.pt'),  # missing, not "corrupt"
     ('sample.py', ['--out_dir=gone'], 'no checkpoint gone/ckpt.pt'),
     ('compare.py', ['--seeds=(1, 1)'], 'seeds=(1, 1): a seed twice would count one run as two'),
-    ('compare.py', ['--sweep_fraction=0.0004'], 'sweep_fraction=0.0004 of max_iters=1000 is 0 steps'),
+    ('compare.py', ["--trend=('nowhere',)", '--out_dir=trend'], 'trend: nowhere/ holds no full-rank and CoLA runs'),
     ('compare.py', ['--jobs=0'], 'jobs=0: expected 1 or more runs at a time'),
 ])
 def test_bad_settings_are_one_line_errors(trained, script, args, message):
@@ -264,12 +264,12 @@ def test_compare_trusts_the_final_checkpoint_not_the_log(trained, monkeypatch):
     for key, value in {**shape, 'data_dir': str(trained / 'data'), 'out_dir': str(trained / 'cmp'), 'max_iters': 10,
                        'eval_interval': 5, 'eval_tokens': 1024, 'downstream_items': 0, 'keep_checkpoints': True}.items():
         monkeypatch.setattr(compare, key, value)
-    _, commands = compare.plan_run('full-rank-seed1', 'full-rank', 3e-3, 1, 10)
+    _, commands = compare.plan_run('full-rank-seed1', 'full-rank', 3e-3, 1)
     subprocess.run(commands[0], env=script_env(), check=True, capture_output=True, timeout=300)
     run_dir = trained / 'cmp' / 'full-rank-seed1'
-    assert compare.plan_run('full-rank-seed1', 'full-rank', 3e-3, 1, 10)[1] == []  # finished: nothing to run
+    assert compare.plan_run('full-rank-seed1', 'full-rank', 3e-3, 1)[1] == []  # finished: nothing to run
     shutil.copy(run_dir / 'ckpt_5.pt', run_dir / 'ckpt.pt')  # the final record stays in log.jsonl, iter 10's state lost
-    _, commands = compare.plan_run('full-rank-seed1', 'full-rank', 3e-3, 1, 10)
+    _, commands = compare.plan_run('full-rank-seed1', 'full-rank', 3e-3, 1)
     assert len(commands) == 1 and commands[0][-1] == '--init_from=resume'
 
 

@@ -1,0 +1,13 @@
+# The size trend's largest point (#36): full-rank, CoLA and CoLA-M at d = 256 (r = 64, 2 layers, heads of 32), on the
+# study's data, at the study's 10.3 tokens per full-rank non-embedding parameter (1,582,336: 3,997 steps of 4,096
+# tokens), each at its own full-horizon learning rate. What 2 cores allow: a grid of two rates (larger models take
+# smaller ones) then its best / and * sqrt(2), one seed; a winner at the edge of the rates tried is marked as such.
+# python compare.py config/trend_d256.py   (then python compare.py config/trend.py for the table and plot)
+out_dir = 'out-trend-d256'
+n_head, n_embd, intermediate_size, rank = 8, 256, 688, 64  # SwiGLU 8/3 d rounded up to a multiple of 8
+max_iters = 3997
+eval_interval = 400
+sweep_lrs = (2e-3, 4e-3)
+seeds = (1,)
+methods = ('full-rank', 'cola', 'cola-m')
+keep_checkpoints = False
