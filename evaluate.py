@@ -43,6 +43,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import yaml
+import lm_eval.models  # noqa: F401  lm-eval's own models (hf, ...) registered before ours: it adds them only to an empty registry
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import model_registry
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
@@ -160,13 +161,14 @@ class NanoCoLA(TemplateLM):
 
     def continue_prompts(self, prompts, max_new, until, kwargs):
         """Equal-length prompts continued together through a KV cache: the prompts' forward once, then one token's."""
-        sample = kwargs.get('do_sample', False) and float(kwargs.get('temperature', 1.0)) > 0
+        temperature = float(kwargs.get('temperature', 1.0))
+        sample = kwargs.get('do_sample', False) and temperature > 0
         caches = [KVCache(self.max_length) for _ in self.model.blocks]
         logits = self.model(torch.tensor(prompts, device=self._device), kv_caches=caches)[0][:, -1].float()  # (B, vocab)
         new, done = [[] for _ in prompts], [False] * len(prompts)
         for _ in range(max_new):
             if sample:
-                token = torch.multinomial(F.softmax(logits / float(kwargs['temperature']), dim=-1), 1)  # (B, 1)
+                token = torch.multinomial(F.softmax(logits / temperature, dim=-1), 1)  # (B, 1)
             else:
                 token = logits.argmax(-1, keepdim=True)
             for row, t in enumerate(token[:, 0].tolist()):
@@ -180,7 +182,6 @@ class NanoCoLA(TemplateLM):
         return [self.tok_decode(tokens) for tokens in new]
 
 
-import lm_eval.models  # noqa: E402, F401  lm-eval's own models first: it adds them only to an empty registry
 if 'nanocola' not in model_registry:  # (this file imported a second time: the class is registered already)
     model_registry.register('nanocola')(NanoCoLA)
 
