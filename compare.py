@@ -353,12 +353,12 @@ def markdown(plan, sweep, best_lrs, study):
              f"training summed over the runs; tokens/s and wall time below are each run's own, with {plural(jobs, 'run')} "
              f"at a time on {os.cpu_count()} cores.", '']
     if sweep:
-        rates = sorted({r['lr'] for runs in sweep.values() for r in runs})
+        rates = sorted({float(f"{r['lr']:.3g}") for runs in sweep.values() for r in runs})  # 0.004 * sqrt(2) = 0.008 / sqrt(2)
         lines += [f'Learning-rate sweep (seed {seeds[0]}, {max_iters} steps, the grid then a factor sqrt(2) around its '
                   f'best): final validation loss', '', '| method | ' + ' | '.join(f'{lr:.3g}' for lr in rates)
                   + ' | best | margin |', '|---|' + '---|' * (len(rates) + 2)]
         for method, runs in sweep.items():
-            loss = {r['lr']: r['val_loss'] for r in runs}
+            loss = {float(f"{r['lr']:.3g}"): r['val_loss'] for r in runs}
             lines.append(f'| {method} | ' + ' | '.join(f"{loss[lr]:.4f}" if lr in loss else '-' for lr in rates)
                          + f' | {best_lrs[method]:.3g} | {won_by(runs)} |')
         lines.append('')
@@ -566,7 +566,7 @@ if __name__ == '__main__':
     print(regime_text(plan))
     best_lrs = dict(learning_rates)
     swept = [m for m in methods if m not in best_lrs and not (m == 'cola-m' and 'cola' in methods)]
-    # the sweep's runs (grid and refinement) and the study's, less the seed-1 runs the sweep trains
+    # the sweep's runs (grid and refinement) and the study's (its seed-1 runs of swept methods are the sweep's: scored only)
     runs_done, total_runs = 0, len(swept) * (len(sweep_lrs) + 2) + len(methods) * len(seeds)
     # for the ETA: the steps still to train (runs that train nothing more are taken off as found), this invocation's pace
     steps_left, steps_trained, started = total_runs * max_iters, 0, time.time()
