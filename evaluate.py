@@ -236,8 +236,8 @@ def last_word_items(tokens, enc, rng):
 # ----------------------------------------------------------------------------- scoring through lm-eval
 
 def score(lm, names, folder, scratch):
-    """{task: {metric: value, items, chance}} from lm-eval, for the task names given; the built-in tasks' items
-    written to scratch first."""
+    """({task: {metric: value, items, chance}}, {task: lm-eval's per-item samples}) for the task names given; the
+    built-in tasks' items written to scratch first."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
     specs = []
@@ -274,7 +274,7 @@ def score(lm, names, folder, scratch):
                         if key.endswith(',none') and '_stderr' not in key}
         scores[name] |= {'items': len(samples),  # chance: a uniform guess among each item's choices (a cloze: none)
                          'chance': float(np.mean([1 / len(s['arguments']) for s in samples])) if multiple_choice else 0.0}
-    return scores
+    return scores, results['samples']
 
 
 if __name__ == '__main__':
@@ -304,7 +304,7 @@ if __name__ == '__main__':
         raise SystemExit(f"{out_dir}/ckpt.pt was trained on {folder}/, which holds no meta.json now: give --data_dir=")
     import lm_eval
     with tempfile.TemporaryDirectory() as scratch:
-        scores = score(lm, names, folder, scratch)
+        scores, _ = score(lm, names, folder, scratch)
     report = {'run': out_dir, 'iter': lm.checkpoint['iter_num'], 'seed': seed, 'scored_by': f'lm-eval {lm_eval.__version__}',
               'scores': scores}
     write_durably(os.path.join(out_dir, 'evaluate.json'), lambda f: f.write(json.dumps(report, indent=1).encode()))

@@ -10,7 +10,6 @@ lm-eval scores the items as text, encoded again (context and continuation paired
 greedy exact match in both. An item "moved" where its correctness differs.
 """
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -18,9 +17,6 @@ import tempfile
 import types
 
 import numpy as np
-import yaml
-from lm_eval import simple_evaluate
-from lm_eval.tasks import TaskManager
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -54,19 +50,9 @@ for run in args.runs:
                              for c, choices, gold in passages],
             'last_word': [int(old.greedy_matches(model, enc.encode_to_numpy(c).tolist(), enc.encode_to_numpy(t).tolist()))
                           for c, t in words]}
-    lm = evaluate.NanoCoLA(run)
-    with tempfile.TemporaryDirectory() as scratch:
-        specs = []
-        rng = np.random.default_rng(0)
-        made = {'next_passage': evaluate.next_passage_items(tokens, enc, rng), 'last_word': evaluate.last_word_items(tokens, enc, rng)}
-        for name, items in made.items():
-            path = os.path.join(scratch, name + '.jsonl')
-            open(path, 'w').writelines(json.dumps(item) + '\n' for item in items)
-            specs.append(yaml.safe_load(open(os.path.join(evaluate.TASKS_DIR, name + '.yaml')))
-                         | {'dataset_kwargs': {'data_files': {'test': path}}})
-        tasks = TaskManager(include_path=evaluate.TASKS_DIR).load(specs)['tasks']
-        samples = simple_evaluate(model=lm, tasks=list(tasks.values()), bootstrap_iters=0, log_samples=True)['samples']
-    new = {name: [int(s['acc']) for s in sorted(samples[name], key=lambda s: s['doc_id'])] for name in made}
+    with tempfile.TemporaryDirectory() as scratch:  # this commit's way: the same draws, through lm-eval
+        _, samples = evaluate.score(evaluate.NanoCoLA(run), ['next_passage', 'last_word'], checkpoint['config']['data_dir'], scratch)
+    new = {name: [int(s['acc']) for s in sorted(samples[name], key=lambda s: s['doc_id'])] for name in hand}
     row = [run]
     for name in ('next_passage', 'last_word'):
         moved = sum(a != b for a, b in zip(hand[name], new[name], strict=True))
