@@ -350,8 +350,8 @@ def markdown(plan, sweep, best_lrs, study):
     every_run = {os.path.realpath(os.path.join(out_dir, r['run'])): r  # a seed-1 study run is its sweep's run: once
                  for runs in list(sweep.values()) + list(study.values()) for r in runs}.values()
     lines = [regime_text(plan), '', f"{len(every_run)} runs, {sum(r['wall_s'] for r in every_run) / 60:.0f} minutes of "
-             f"training summed over the runs; tokens/s and wall time below are each run's own, with {plural(jobs, 'run')} "
-             f"at a time on {os.cpu_count()} cores.", '']
+             f"training summed over the runs; tokens/s and wall time below are each run's own (the median over the seeds: a "
+             f"run that shared the cores moves it least), with {plural(jobs, 'run')} at a time on {os.cpu_count()} cores.", '']
     if sweep:
         rates = sorted({float(f"{r['lr']:.3g}") for runs in sweep.values() for r in runs})  # 0.004 * sqrt(2) = 0.008 / sqrt(2)
         lines += [f'Learning-rate sweep (seed {seeds[0]}, {max_iters} steps, the grid then a factor sqrt(2) around its '
@@ -381,7 +381,7 @@ def markdown(plan, sweep, best_lrs, study):
                      f"{statistics.mean(r['flops_per_token'] for r in runs) / 1e9:.4f} | "
                      f"{statistics.mean(r['flops'] for r in runs) / 1e12:.2f} | "
                      f"{statistics.median(r['tokens_per_s'] for r in runs):,.0f} | "
-                     f"{statistics.mean(r['wall_s'] for r in runs):.0f} |")
+                     f"{statistics.median(r['wall_s'] for r in runs):.0f} |")
     if 'cola' in study and 'cola-m' in study:
         deviation = max(abs(a[2] - b[2]) for c, m in zip(study['cola'], study['cola-m']) for a, b in zip(c['evals'], m['evals']))
         lines += ['', f"CoLA-M's validation losses differ from CoLA's (same seeds) by at most {deviation:.2e}."]
