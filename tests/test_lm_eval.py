@@ -1,5 +1,6 @@
 """lm-evaluation-harness through our `nanocola` model class against lm-eval's own `hf` model on the run's Hugging Face
 export: the same answer to every request, item by item, and the same metrics."""
+import functools
 import json
 
 import numpy as np
@@ -23,11 +24,17 @@ def exported(data):
     return data
 
 
+@functools.cache
+def task_manager():
+    """lm-eval's index of its own task files and ours: seconds to build, so once for the module's four scorings."""
+    from lm_eval.tasks import TaskManager
+    return TaskManager(include_path=evaluate.TASKS_DIR)
+
+
 def scored(model, model_args=None):
     """lm-eval's results and per-item answers for the five published tasks (local files) and three request types
     they lack: a text's rolling log-likelihood over several windows, and greedy generation up to a stop string."""
     from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
     texts = ['ROMEO:\nBut soft, what light through yonder window breaks?\n\nJULIET:\nAy me.', 'KING:\nSo be it.']
     with open('texts.jsonl', 'w') as f:
         f.writelines(json.dumps({'text': t}) + '\n' for t in texts)
@@ -37,7 +44,7 @@ def scored(model, model_args=None):
             data | {'task': 'generation', 'output_type': 'generate_until', 'doc_to_text': 'text', 'doc_to_target': 'text',
                     'generation_kwargs': {'until': ['\n\n', 'e'], 'max_gen_toks': 8, 'do_sample': False},
                     'metric_list': [{'metric': 'exact_match'}]}]
-    tasks = TaskManager(include_path=evaluate.TASKS_DIR).load(PUBLISHED + more)['tasks']
+    tasks = task_manager().load(PUBLISHED + more)['tasks']
     results = simple_evaluate(model=model, model_args=model_args, tasks=list(tasks.values()), bootstrap_iters=0,
                               batch_size=3, log_samples=True)
     return results['results'], {task: [s['resps'] for s in samples] for task, samples in results['samples'].items()}
