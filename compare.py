@@ -13,8 +13,8 @@ Every run is train.py on the same prepared data, with the same shapes and the pa
 (linear warm-up over `warmup` of the steps, cosine to a tenth of the peak), in two stages:
 1. the learning-rate sweep, with seed seeds[0], every run as long as the study's (a shorter run favours larger
    rates): each method at each of sweep_lrs, then at the best of them times and divided by sqrt(2); the lowest
-   final validation loss wins, and that run is the method's seed-1 study run (out_dir/<method>-seed<s> links to
-   it), not trained twice. CoLA-M computes CoLA's function exactly, so it takes CoLA's learning rate instead; a
+   final validation loss wins (a rate whose run diverges, train.py stopping at a nan or inf, loses), and that run
+   is the method's seed-1 study run (out_dir/<method>-seed<s> links to it), not trained twice. CoLA-M computes CoLA's function exactly, so it takes CoLA's learning rate instead; a
    method named in learning_rates takes that one instead.
 2. the comparison: each method at its best learning rate, once per seed in seeds. train.py's seed sets
    both the initial weights and the order of the training sequences, so seed s gives every method the
@@ -39,6 +39,7 @@ where it stopped. Each run's output goes to out_dir/<run>/output.txt; `jobs` run
 import ctypes
 import fcntl
 import json
+import math
 import os
 import signal
 import statistics
@@ -150,7 +151,8 @@ def plan_run(name, method, lr, seed):
     # finished when its final state is on disk (the checkpoint says so, not the log alone) and its final evaluation is
     # recorded; else train.py resumes: it trains what the checkpoint lacks, or only evaluates a final one
     final_saved = os.path.exists(checkpoint) and load_checkpoint(checkpoint)['iter_num'] == steps
-    if not (final_saved and any(r.get('iter') == steps and 'val_loss' in r for r in records)):
+    diverged = not study_run and any('diverged' in r for r in records)  # a sweep's rate too large: its result, not rerun
+    if not (diverged or final_saved and any(r.get('iter') == steps and 'val_loss' in r for r in records)):
         start = ['--init_from=resume'] if os.path.exists(checkpoint) else ['--start_over=True'] if records else []
         launcher = [sys.executable] if nproc == 1 else [sys.executable, '-m', 'torch.distributed.run', '--standalone',
                                                          f'--nproc_per_node={nproc}']
@@ -189,6 +191,12 @@ def run_all(plans):
             if process.poll() is None:
                 continue
             del running[process]
+            log_path = os.path.join(out_dir, name, 'log.jsonl')
+            records = read_log(log_path) if process.returncode != 0 and os.path.exists(log_path) else []
+            if name.startswith('sweep/') and any('diverged' in r for r in records):  # the rate loses; the sweep goes on
+                steps_left -= max_iters
+                print(f"{name}: diverged at iter {records[-1]['iter']} ({records[-1]['diverged']})", flush=True)
+                continue
             if process.returncode != 0:
                 output = open(os.path.join(out_dir, name, 'output.txt')).read().splitlines()[-20:]
                 raise SystemExit('\n'.join(output) + f"\nrun {name} failed (exit {process.returncode}); the end of its "
@@ -207,7 +215,7 @@ def run_all(plans):
         scores = read_scores(os.path.join(run_dir, 'evaluate.json'), downstream_items) if downstream_items else None
         if scores:
             result['downstream'] = scores
-        results.append(result | trained_and_held(run_dir))
+        results.append(result | (trained_and_held(run_dir) if result['diverged'] is None else {}))
     return results
 
 
@@ -290,7 +298,9 @@ def summary(name, records):
     steps = [r for r in records if 'loss' in r and r['iter'] > 10]  # leave out the first steps (warm-up)
     adapted = [r for r in records if 'tsvd_ranks' in r]  # TSVD: the shapes after the last rank change
     last = adapted[-1] if adapted else records[0]
-    return {'run': name, 'lr': records[0]['config']['learning_rate'], 'val_loss': evals[-1]['val_loss'],
+    diverged = next((r['iter'] for r in records if 'diverged' in r), None)  # train.py stopped on a nan or inf
+    return {'run': name, 'lr': records[0]['config']['learning_rate'], 'diverged': diverged,
+            'val_loss': math.inf if diverged is not None else evals[-1]['val_loss'],
             'params': last['model_params'], 'flops_per_token': last['flops_per_token'], 'flops': evals[-1]['flops'],
             'ranks': [(r['iter'], r['tsvd_ranks']) for r in adapted],
             'tokens_per_s': sorted(r['tokens_per_s'] for r in steps)[len(steps) // 2] if steps else float('nan'),
@@ -358,8 +368,8 @@ def markdown(plan, sweep, best_lrs, study):
                   f'best): final validation loss', '', '| method | ' + ' | '.join(f'{lr:.3g}' for lr in rates)
                   + ' | best | margin |', '|---|' + '---|' * (len(rates) + 2)]
         for method, runs in sweep.items():
-            loss = {float(f"{r['lr']:.3g}"): r['val_loss'] for r in runs}
-            lines.append(f'| {method} | ' + ' | '.join(f"{loss[lr]:.4f}" if lr in loss else '-' for lr in rates)
+            loss = {float(f"{r['lr']:.3g}"): 'diverged' if r['diverged'] is not None else f"{r['val_loss']:.4f}" for r in runs}
+            lines.append(f'| {method} | ' + ' | '.join(loss.get(lr, '-') for lr in rates)
                          + f' | {best_lrs[method]:.3g} | {won_by(runs)} |')
         lines.append('')
     lines += [f'Each method at its best peak lr, {plural(len(seeds), "seed")} ({", ".join(map(str, seeds))})'
@@ -397,12 +407,17 @@ def won_by(runs):
     if len(ranked) < 2:
         return '-'
     edge = ranked[0]['lr'] in (min(r['lr'] for r in runs), max(r['lr'] for r in runs))
+    if math.isinf(ranked[1]['val_loss']):
+        return 'every other rate diverged'
     return (f"{(ranked[1]['val_loss'] / ranked[0]['val_loss'] - 1) * 100:.2f}% below {ranked[1]['lr']:.3g}"
             + (' (at the edge of the rates tried)' if edge else ''))
 
 
-def refined(runs):
+def refined(method, runs):
     """The rates a factor sqrt(2) either side of the best of a method's grid runs."""
+    if all(r['diverged'] is not None for r in runs):
+        rates = ', '.join(f"{r['lr']:g}" for r in runs)
+        raise SystemExit(f"{method}: every rate of the sweep diverged ({rates}): give sweep_lrs smaller rates")
     best = min(runs, key=lambda r: r['val_loss'])['lr']
     return [best / 2 ** 0.5, best * 2 ** 0.5]
 
@@ -572,7 +587,7 @@ if __name__ == '__main__':
     steps_left, steps_trained, started = total_runs * max_iters, 0, time.time()
     grid = run_all([plan_run(f'sweep/{m}-lr{lr:g}', m, lr, seeds[0]) for m in swept for lr in sweep_lrs])
     sweep = {m: grid[i * len(sweep_lrs):(i + 1) * len(sweep_lrs)] for i, m in enumerate(swept)}
-    finer = run_all([plan_run(f'sweep/{m}-lr{lr:g}', m, lr, seeds[0]) for m in swept for lr in refined(sweep[m])])
+    finer = run_all([plan_run(f'sweep/{m}-lr{lr:g}', m, lr, seeds[0]) for m in swept for lr in refined(m, sweep[m])])
     for i, m in enumerate(swept):
         sweep[m] = sorted(sweep[m] + finer[2 * i:2 * i + 2], key=lambda r: r['lr'])
         best = min(sweep[m], key=lambda r: r['val_loss'])

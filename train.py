@@ -431,6 +431,7 @@ def save_checkpoint(path):
 
 def stop_if_not_finite(value, what):
     if not math.isfinite(value):
+        record({'iter': iter_num, 'diverged': f"{what} is {value}"})  # in the log too: compare.py's sweep reads it
         kept = f"the last good checkpoint {checkpoint_path} is kept" if os.path.exists(checkpoint_path) else "no checkpoint was written"
         raise SystemExit(f"{what} is {value} at iter {iter_num}: stopping; {kept}")
 

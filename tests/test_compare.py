@@ -105,6 +105,26 @@ def test_compare_sweeps_then_runs_every_method_per_seed_and_its_table_comes_from
     assert digest(tmp_path / 'cmp') == kept
 
 
+def test_a_diverging_sweep_rate_loses_and_the_sweep_goes_on(tmp_path):
+    (tmp_path / 'text.txt').write_text('the quick brown fox jumps over the lazy dog. ' * 400)
+    run(tmp_path, 'prepare.py', '--input_files=text.txt', '--encoding=byte', '--out_dir=data', '--val_tokens=2000')
+    args = ['--data_dir=data', '--n_layer=1', '--n_head=2', '--n_embd=32', '--intermediate_size=64', '--rank=8',
+            '--block_size=32', '--batch_size=4', '--max_iters=10', '--eval_interval=5', '--eval_tokens=512',
+            "--methods=('cola',)", '--seeds=(1,)', '--downstream_items=0']
+    r = run(tmp_path, 'compare.py', *args, '--out_dir=cmp', '--sweep_lrs=(3e-3,1e30)')
+    assert 'sweep/cola-lr1e+30: diverged at iter ' in r.stdout  # and the study went on: the refinement, the table
+    [header, _, row] = next(block for block in (tmp_path / 'cmp' / 'compare.md').read_text().split('\n\n')
+                            if block.startswith('| method |') and 'margin' in block).splitlines()
+    sweep = dict(zip([c.strip() for c in header.split('|')[2:-3]], [c.strip() for c in row.split('|')[2:-3]]))
+    assert sweep['1e+30'] == 'diverged' and set(sweep) == {'0.00212', '0.003', '0.00424', '1e+30'}
+    assert all(float(loss) > 0 for rate, loss in sweep.items() if rate != '1e+30')
+    assert 'lr1e+30' not in os.readlink(tmp_path / 'cmp' / 'cola-seed1')
+    r = run(tmp_path, 'compare.py', *args, '--out_dir=cmp', '--sweep_lrs=(3e-3,1e30)')  # the diverged run is a result
+    assert ': training ...' not in r.stdout
+    refused(run(tmp_path, 'compare.py', *args, '--out_dir=all', '--sweep_lrs=(1e30,)', check=False),
+            'cola: every rate of the sweep diverged (1e+30): give sweep_lrs smaller rates')
+
+
 def test_killing_compare_stops_its_training_run_after_it_saves_its_step(tmp_path):
     (tmp_path / 'text.txt').write_text('the quick brown fox jumps over the lazy dog. ' * 400)
     run(tmp_path, 'prepare.py', '--input_files=text.txt', '--encoding=byte', '--out_dir=data', '--val_tokens=2000')

@@ -117,6 +117,8 @@ def test_a_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(data):
     assert r.returncode != 0
     assert 'is nan at iter' in r.stderr.strip().splitlines()[-1] and 'last good checkpoint' in r.stderr
     assert open(data / 'nan' / 'ckpt.pt', 'rb').read() == good
+    last = json.loads((data / 'nan' / 'log.jsonl').read_text().splitlines()[-1])  # the log says so too (compare.py reads it)
+    assert last['diverged'].endswith('is nan') and f"is nan at iter {last['iter']}:" in r.stderr
 
 
 def test_a_missing_data_folder_says_which_prepare_command_to_run(tmp_path):
