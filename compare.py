@@ -1,11 +1,11 @@
 """
 Every method nanoCoLA has (full-rank, CoLA, CoLA-M, DLR, ELAS, TSVD, GaLore, Fira, Low-Rank, SLTrain, ReLoRA) trained
 side by side on the same data, as close to the CoLA paper's regime (training tokens per parameter, shape ratios,
-schedule) as two CPU cores allow in under three hours, with seeds: does CoLA reach full-rank loss with half the compute,
+schedule) as two CPU cores allow in a few hours, with seeds: does CoLA reach full-rank loss with half the compute,
 and how do the other low-rank methods compare?
 
     python prepare.py --input_files=assets/tinyshakespeare.txt --encoding=byte --out_dir=data/tiny
-    python compare.py                           # the CPU default: 73 runs, 2 h 50 min on 2 cores (docs/study.md)
+    python compare.py                           # the CPU default: 83 runs trained, about 4 h on 2 cores (docs/study.md)
     python compare.py config/compare_quick.py   # a first look: one seed, no sweep, under 15 minutes
     python compare.py config/compare_60m.py     # 60m shapes on C4, one GPU
 
