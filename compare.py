@@ -14,8 +14,9 @@ Every run is train.py on the same prepared data, with the same shapes and the pa
 1. the learning-rate sweep, with seed seeds[0], every run as long as the study's (a shorter run favours larger
    rates): each method at each of sweep_lrs, then at the best of them times and divided by sqrt(2); the lowest
    final validation loss wins (a rate whose run diverges, train.py stopping at a nan or inf, loses), and that run
-   is the method's seed-1 study run (out_dir/<method>-seed<s> links to it), not trained twice. CoLA-M computes CoLA's function exactly, so it takes CoLA's learning rate instead; a
-   method named in learning_rates takes that one instead.
+   is the method's seed-1 study run (out_dir/<method>-seed<s> links to it), not trained twice. CoLA-M computes
+   CoLA's function exactly, so it takes CoLA's learning rate instead; a method named in learning_rates takes that
+   one instead.
 2. the comparison: each method at its best learning rate, once per seed in seeds. train.py's seed sets
    both the initial weights and the order of the training sequences, so seed s gives every method the
    same data order, and each gap to full-rank is taken within a seed before its mean and spread.
@@ -151,7 +152,7 @@ def plan_run(name, method, lr, seed):
     # finished when its final state is on disk (the checkpoint says so, not the log alone) and its final evaluation is
     # recorded; else train.py resumes: it trains what the checkpoint lacks, or only evaluates a final one
     final_saved = os.path.exists(checkpoint) and load_checkpoint(checkpoint)['iter_num'] == steps
-    diverged = not study_run and any('diverged' in r for r in records)  # a sweep's rate too large: its result, not rerun
+    diverged = not study_run and diverged_at(records) is not None  # a sweep's rate too large: its result, not rerun
     if not (diverged or final_saved and any(r.get('iter') == steps and 'val_loss' in r for r in records)):
         start = ['--init_from=resume'] if os.path.exists(checkpoint) else ['--start_over=True'] if records else []
         launcher = [sys.executable] if nproc == 1 else [sys.executable, '-m', 'torch.distributed.run', '--standalone',
@@ -193,9 +194,9 @@ def run_all(plans):
             del running[process]
             log_path = os.path.join(out_dir, name, 'log.jsonl')
             records = read_log(log_path) if process.returncode != 0 and os.path.exists(log_path) else []
-            if name.startswith('sweep/') and any('diverged' in r for r in records):  # the rate loses; the sweep goes on
+            if name.startswith('sweep/') and diverged_at(records) is not None:  # the rate loses; the sweep goes on
                 steps_left -= max_iters
-                print(f"{name}: diverged at iter {records[-1]['iter']} ({records[-1]['diverged']})", flush=True)
+                print(f"{name}: diverged at iter {diverged_at(records)} ({records[-1]['diverged']})", flush=True)
                 continue
             if process.returncode != 0:
                 output = open(os.path.join(out_dir, name, 'output.txt')).read().splitlines()[-20:]
@@ -298,13 +299,18 @@ def summary(name, records):
     steps = [r for r in records if 'loss' in r and r['iter'] > 10]  # leave out the first steps (warm-up)
     adapted = [r for r in records if 'tsvd_ranks' in r]  # TSVD: the shapes after the last rank change
     last = adapted[-1] if adapted else records[0]
-    diverged = next((r['iter'] for r in records if 'diverged' in r), None)  # train.py stopped on a nan or inf
+    diverged = diverged_at(records)
     return {'run': name, 'lr': records[0]['config']['learning_rate'], 'diverged': diverged,
             'val_loss': math.inf if diverged is not None else evals[-1]['val_loss'],
             'params': last['model_params'], 'flops_per_token': last['flops_per_token'], 'flops': evals[-1]['flops'],
             'ranks': [(r['iter'], r['tsvd_ranks']) for r in adapted],
             'tokens_per_s': sorted(r['tokens_per_s'] for r in steps)[len(steps) // 2] if steps else float('nan'),
             'wall_s': records[-1]['elapsed_s'], 'evals': [(r['tokens'], r['flops'], r['val_loss']) for r in evals]}
+
+
+def diverged_at(records):
+    """The step at which train.py stopped a run on a nan or inf loss (its log says so), or None."""
+    return next((r['iter'] for r in records if 'diverged' in r), None)
 
 
 def loss_at_flops(run, flops):
