@@ -5,7 +5,7 @@ schedule) as two CPU cores allow in a few hours, with seeds: does CoLA reach ful
 and how do the other low-rank methods compare?
 
     python prepare.py --input_files=assets/tinyshakespeare.txt --encoding=byte --out_dir=data/tiny
-    python compare.py                           # the CPU default: 83 runs trained, about 4 h on 2 cores (docs/study.md)
+    python compare.py                           # the CPU default: 83 runs trained, about 3 h 40 min on 2 cores (docs/study.md)
     python compare.py config/compare_quick.py   # a first look: one seed, no sweep, under 15 minutes
     python compare.py config/compare_60m.py     # 60m shapes on C4, one GPU
 
@@ -174,6 +174,7 @@ def run_all(plans):
     its out_dir/output.txt; then return the runs' summaries in the order given."""
     global runs_done, steps_left, steps_trained
     waiting, running = [p for p in plans if p[1]], {}  # running: process -> (name, commands left)
+    records_before = {}  # name -> its log's record count at launch: what this invocation adds comes after
     training = {name for name, commands in plans if trains(commands)}
     runs_done += len(plans) - len(waiting)  # finished before: counted, not run again
     steps_left -= max_iters * sum(not trains(commands) for _, commands in plans)
@@ -184,6 +185,8 @@ def run_all(plans):
             runs_done += 1
             what = 'training' if trains(commands) else 'scoring'
             eta = (time.time() - started) / steps_trained * steps_left if steps_trained else None  # from this invocation's pace
+            log_path = os.path.join(out_dir, name, 'log.jsonl')
+            records_before[name] = len(read_log(log_path)) if os.path.exists(log_path) else 0
             print(f"run {runs_done} of {total_runs}, {name}: {what} ... (output: {out_dir}/{name}/output.txt)"
                   + (f"; the whole study about {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m more" if eta else ''), flush=True)
             running[launch(name, commands[0], threads)] = (name, commands[1:])
@@ -205,9 +208,12 @@ def run_all(plans):
             if commands:
                 running[launch(name, commands[0], threads)] = (name, commands[1:])
             else:
-                trained = max_iters if name in training else 0
-                steps_left, steps_trained = steps_left - trained, steps_trained + trained
-                final = [r for r in read_log(os.path.join(out_dir, name, 'log.jsonl')) if 'val_loss' in r][-1]
+                records = read_log(log_path)
+                if name in training:  # the pace: only the steps this invocation trained (a resumed run's, from its resume)
+                    resumed = [r['resumed_at'] for r in records[records_before[name]:] if 'resumed_at' in r]
+                    steps_left -= max_iters
+                    steps_trained += max_iters - (resumed[0] if resumed else 0)
+                final = [r for r in records if 'val_loss' in r][-1]
                 print(f"{name}: done, val loss {final['val_loss']:.4f}", flush=True)
     results = []
     for name, _ in plans:
@@ -387,7 +393,7 @@ def markdown(plan, sweep, best_lrs, study):
     for method, runs in study.items():
         at_steps, at_flops = gaps(runs, study['full-rank']) if 'full-rank' in study else ([None], [None])
         given = ' (given)' if method in dict(learning_rates) else ''
-        lines.append(f"| {method} | {best_lrs[method]:g}{given} | {mean_spread([r['val_loss'] for r in runs])} | "
+        lines.append(f"| {method} | {best_lrs[method]:.3g}{given} | {mean_spread([r['val_loss'] for r in runs])} | "
                      f"{mean_spread(at_steps, 2)} | {mean_spread(at_flops, 2)} | "
                      f"{mean_spread([r['downstream']['next_passage'] for r in runs if 'downstream' in r], 3)} | "
                      f"{mean_spread([r['downstream']['last_word'] for r in runs if 'downstream' in r], 3)} | "

@@ -1,5 +1,6 @@
-# compare.py's first look: every method once (seed 1), at the peak learning rate the default study's sweep chose
-# (docs/study.md, 2026-12-04), for 200 of the default's 1,000 steps, with half the evaluation and downstream items:
+# compare.py's first look: every method once (seed 1), for 200 of the default's 1,000 steps, at the peak learning rate
+# a sweep of 200-step runs chose (the default study's until 2026-12-05, docs/study.md: a rate suits its horizon, and
+# these runs are 200 steps long), with half the evaluation and downstream items:
 # 15 minutes 47 seconds on 2 CPU cores shared with a test run (measured 2026-12-04). Shows that every method runs
 # and how its curve starts, not the study's gaps. python compare.py config/compare_quick.py
 # tokens per run: 200 steps x 16 sequences x 256 tokens = 0.8M, 2.1 per full-rank non-embedding parameter

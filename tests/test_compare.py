@@ -62,7 +62,7 @@ def test_compare_sweeps_then_runs_every_method_per_seed_and_its_table_comes_from
         full = np.array([final['full-rank', 1], final['full-rank', 2]])
         gap = (ours / full - 1) * 100
         given = ' (given)' if m in ('full-rank', 'relora') else ''
-        assert rows[m][:3] == [f'{lrs[m]:g}{given}', f'{ours.mean():.4f} ± {ours.std(ddof=1):.4f}',
+        assert rows[m][:3] == [f'{lrs[m]:.3g}{given}', f'{ours.mean():.4f} ± {ours.std(ddof=1):.4f}',
                                f'{gap.mean():.2f} ± {gap.std(ddof=1):.2f}'], m
     # what the optimizer trains and holds, against the model's trainable parameters and AdamW's two float32
     # moments per trained number and one float32 step per tensor
