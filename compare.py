@@ -303,6 +303,7 @@ def summary(name, records):
     """What the tables and plot need of one run, from its log."""
     evals = [r for r in records if 'val_loss' in r]
     steps = [r for r in records if 'loss' in r and r['iter'] > 10]  # leave out the first steps (warm-up)
+    losses = [r['loss'] for r in records if 'loss' in r]
     adapted = [r for r in records if 'tsvd_ranks' in r]  # TSVD: the shapes after the last rank change
     last = adapted[-1] if adapted else records[0]
     diverged = diverged_at(records)
@@ -311,6 +312,8 @@ def summary(name, records):
             'params': last['model_params'], 'flops_per_token': last['flops_per_token'], 'flops': evals[-1]['flops'],
             'ranks': [(r['iter'], r['tsvd_ranks']) for r in adapted],
             'tokens_per_s': sorted(r['tokens_per_s'] for r in steps)[len(steps) // 2] if steps else float('nan'),
+            # the training batches' loss over the last tenth of the logged steps: against val_loss, how far it memorised
+            'train_loss': statistics.mean(losses[-max(1, len(losses) // 10):]) if losses else math.nan,
             'wall_s': records[-1]['elapsed_s'], 'evals': [(r['tokens'], r['flops'], r['val_loss']) for r in evals]}
 
 
@@ -468,9 +471,11 @@ BASELINES = ('full-rank', 'cola', 'galore', 'fira', 'low-rank', 'sltrain', 'relo
 
 def trend_report(studies):
     """trend.md and trend.png: per study (one width each), CoLA's gap to full-rank at equal steps and at equal FLOPs
-    over the seeds both have, and how far CoLA-M's validation losses lie from CoLA's."""
+    over the seeds both have, how far CoLA-M's validation losses lie from CoLA's, and each model's validation loss
+    minus its training loss at the end (the data is read more often at larger widths: how far each memorised it)."""
     lines = ['| d | r | full-rank params | seeds | full-rank lr | CoLA lr | full-rank val loss | CoLA val loss | '
-             'gap at equal steps (%) | gap at equal FLOPs (%) | CoLA-M vs CoLA (max abs diff) |', '|---' * 11 + '|']
+             'gap at equal steps (%) | gap at equal FLOPs (%) | CoLA-M vs CoLA (max abs diff) | '
+             'val - train loss, full-rank / CoLA |', '|---' * 12 + '|']
     points = []
     for folder in studies:
         runs = {}
@@ -491,7 +496,9 @@ def trend_report(studies):
         lines.append(f"| {d} | {r} | {full[0]['params']:,} | {len(common)} | {full[0]['lr']:.3g} | {cola[0]['lr']:.3g} | "
                      f"{mean_spread([x['val_loss'] for x in full])} | {mean_spread([x['val_loss'] for x in cola])} | "
                      f"{mean_spread(at_steps, 2)} | {mean_spread(at_flops, 2)} | "
-                     f"{'-' if deviation is None else f'{deviation:.1e}'} |")
+                     f"{'-' if deviation is None else f'{deviation:.1e}'} | "
+                     f"{statistics.mean(x['val_loss'] - x['train_loss'] for x in full):.3f} / "
+                     f"{statistics.mean(x['val_loss'] - x['train_loss'] for x in cola):.3f} |")
         points.append((d, at_steps, [g for g in at_flops if g is not None]))
     write_durably(os.path.join(out_dir, 'trend.md'), lambda f: f.write(('\n'.join(lines) + '\n').encode()))
     print('\n'.join(lines))

@@ -93,7 +93,12 @@ def test_compare_sweeps_then_runs_every_method_per_seed_and_its_table_comes_from
     run(tmp_path, 'compare.py', "--trend=('cmp',)", '--out_dir=trend')
     [row] = [line.split('|')[1:-1] for line in (tmp_path / 'trend' / 'trend.md').read_text().splitlines()[2:]]
     assert [c.strip() for c in row[:4]] == ['32', '8', f"{logs['full-rank', 1][0]['model_params']:,}", '2']
-    assert [c.strip() for c in row[8:]] == [rows['cola'][2], rows['cola'][3], '0.0e+00']
+    assert [c.strip() for c in row[8:11]] == [rows['cola'][2], rows['cola'][3], '0.0e+00']
+    # memorising: the final val loss minus the mean training loss over the last tenth of the logged steps
+    train = {key: [r['loss'] for r in log if 'loss' in r] for key, log in logs.items()}
+    memorised = {m: np.mean([final[m, s] - np.mean(train[m, s][-max(1, len(train[m, s]) // 10):]) for s in (1, 2)])
+                 for m in ('full-rank', 'cola')}
+    assert row[11].strip() == f"{memorised['full-rank']:.3f} / {memorised['cola']:.3f}"
     before = {key: os.path.getmtime(tmp_path / 'cmp' / f'{key[0]}-seed{key[1]}' / 'log.jsonl') for key in logs}
     r = run(tmp_path, 'compare.py', *args)  # finished runs are not run again
     assert ': training ...' not in r.stdout
@@ -233,6 +238,15 @@ def test_a_resumed_runs_wall_time_adds_both_processes_time(tmp_path):
     (tmp_path / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in lines))
     from compare import summary
     assert summary('run', read_log(tmp_path / 'log.jsonl'))['wall_s'] == 110.0
+
+
+def test_a_runs_training_loss_is_the_mean_of_its_last_tenth_of_logged_steps():
+    from compare import summary
+    header = {'config': {'learning_rate': 1e-3}, 'model_params': 10, 'flops_per_token': 1.0}
+    losses = [5.0 - 0.1 * i for i in range(20)]  # 20 logged steps: the last tenth is the last 2
+    records = ([header] + [{'iter': 10 * (i + 1), 'loss': x, 'tokens_per_s': 9.0, 'elapsed_s': i} for i, x in enumerate(losses)]
+               + [{'iter': 200, 'val_loss': 3.5, 'tokens': 10, 'flops': 10, 'elapsed_s': 30.0}])
+    assert summary('run', records)['train_loss'] == pytest.approx((3.2 + 3.1) / 2)
 
 
 def test_a_log_cut_short_by_a_kill_loses_its_last_line_only_and_a_damaged_one_is_one_line(tmp_path):
