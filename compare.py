@@ -350,6 +350,11 @@ def gaps(runs, full_runs):
     return at_steps, at_flops
 
 
+def lowest(run):
+    """A run's lowest validation loss over its evaluations: where an early stop would have kept it."""
+    return min(loss for _, _, loss in run['evals'])
+
+
 def plural(n, noun):
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
@@ -472,10 +477,11 @@ BASELINES = ('full-rank', 'cola', 'galore', 'fira', 'low-rank', 'sltrain', 'relo
 def trend_report(studies):
     """trend.md and trend.png: per study (one width each), CoLA's gap to full-rank at equal steps and at equal FLOPs
     over the seeds both have, how far CoLA-M's validation losses lie from CoLA's, and each model's validation loss
-    minus its training loss at the end (the data is read more often at larger widths: how far each memorised it)."""
+    minus its training loss at the end, and the gap between the two runs' lowest validation losses (the data is read
+    more often at larger widths: how far each memorised it, and the gap an early stop would have seen)."""
     lines = ['| d | r | full-rank params | seeds | full-rank lr | CoLA lr | full-rank val loss | CoLA val loss | '
              'gap at equal steps (%) | gap at equal FLOPs (%) | CoLA-M vs CoLA (max abs diff) | '
-             'val - train loss, full-rank / CoLA |', '|---' * 12 + '|']
+             'val - train loss, full-rank / CoLA | gap at the lowest val loss (%) |', '|---' * 13 + '|']
     points = []
     for folder in studies:
         runs = {}
@@ -498,7 +504,8 @@ def trend_report(studies):
                      f"{mean_spread(at_steps, 2)} | {mean_spread(at_flops, 2)} | "
                      f"{'-' if deviation is None else f'{deviation:.1e}'} | "
                      f"{statistics.mean(x['val_loss'] - x['train_loss'] for x in full):.3f} / "
-                     f"{statistics.mean(x['val_loss'] - x['train_loss'] for x in cola):.3f} |")
+                     f"{statistics.mean(x['val_loss'] - x['train_loss'] for x in cola):.3f} | "
+                     f"{mean_spread([(lowest(c) / lowest(f) - 1) * 100 for c, f in zip(cola, full)], 2)} |")
         points.append((d, at_steps, [g for g in at_flops if g is not None]))
     write_durably(os.path.join(out_dir, 'trend.md'), lambda f: f.write(('\n'.join(lines) + '\n').encode()))
     print('\n'.join(lines))

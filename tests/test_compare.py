@@ -99,6 +99,9 @@ def test_compare_sweeps_then_runs_every_method_per_seed_and_its_table_comes_from
     memorised = {m: np.mean([final[m, s] - np.mean(train[m, s][-max(1, len(train[m, s]) // 10):]) for s in (1, 2)])
                  for m in ('full-rank', 'cola')}
     assert row[11].strip() == f"{memorised['full-rank']:.3f} / {memorised['cola']:.3f}"
+    lowest = {key: min(r['val_loss'] for r in log if 'val_loss' in r) for key, log in logs.items()}
+    early = [(lowest['cola', s] / lowest['full-rank', s] - 1) * 100 for s in (1, 2)]
+    assert row[12].strip() == f'{np.mean(early):.2f} ± {np.std(early, ddof=1):.2f}'  # where an early stop would keep each run
     before = {key: os.path.getmtime(tmp_path / 'cmp' / f'{key[0]}-seed{key[1]}' / 'log.jsonl') for key in logs}
     r = run(tmp_path, 'compare.py', *args)  # finished runs are not run again
     assert ': training ...' not in r.stdout
