@@ -495,6 +495,7 @@ def trend_report(studies):
             raise SystemExit(f"trend: {folder}/ holds no full-rank and CoLA runs of the same seed (run its compare.py first)")
         full, cola = [runs['full-rank'][s] for s in common], [runs['cola'][s] for s in common]
         at_steps, at_flops = gaps(cola, full)
+        at_lowest = [(lowest(c) / lowest(f) - 1) * 100 for c, f in zip(cola, full)]
         config = read_log(os.path.join(folder, f'cola-seed{common[0]}', 'log.jsonl'))[0]
         d, r = config['config']['n_embd'], config['config']['rank']
         m_runs = [(runs['cola'][s], runs['cola-m'][s]) for s in common if s in runs.get('cola-m', {})]
@@ -505,8 +506,8 @@ def trend_report(studies):
                      f"{'-' if deviation is None else f'{deviation:.1e}'} | "
                      f"{statistics.mean(x['val_loss'] - x['train_loss'] for x in full):.3f} / "
                      f"{statistics.mean(x['val_loss'] - x['train_loss'] for x in cola):.3f} | "
-                     f"{mean_spread([(lowest(c) / lowest(f) - 1) * 100 for c, f in zip(cola, full)], 2)} |")
-        points.append((d, at_steps, [g for g in at_flops if g is not None]))
+                     f"{mean_spread(at_lowest, 2)} |")
+        points.append((d, at_steps, [g for g in at_flops if g is not None], at_lowest))
     write_durably(os.path.join(out_dir, 'trend.md'), lambda f: f.write(('\n'.join(lines) + '\n').encode()))
     print('\n'.join(lines))
     try:
@@ -516,10 +517,11 @@ def trend_report(studies):
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
-    for i, label in [(1, 'at equal steps'), (2, 'at equal FLOPs')]:
+    for i, label, style in [(1, 'at equal steps', '-'), (2, 'at equal FLOPs', '-'),
+                            (3, 'at the lowest validation losses', '--')]:  # dashed: it may lie on equal steps'
         xs = [d for d, *g in points if g[i - 1]]
         ax.errorbar(xs, [statistics.mean(g[i - 1]) for d, *g in points if g[i - 1]], capsize=4, marker='o', label=label,
-                    yerr=[statistics.stdev(g[i - 1]) if len(g[i - 1]) > 1 else 0 for d, *g in points if g[i - 1]])
+                    linestyle=style, yerr=[statistics.stdev(g[i - 1]) if len(g[i - 1]) > 1 else 0 for d, *g in points if g[i - 1]])
     ax.axhline(0, color='grey', linewidth=0.8)
     ax.set_xscale('log', base=2)
     ax.set_xlabel('model width d (r = d/4, 2 layers)')
