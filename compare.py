@@ -476,9 +476,9 @@ BASELINES = ('full-rank', 'cola', 'galore', 'fira', 'low-rank', 'sltrain', 'relo
 
 def trend_report(studies):
     """trend.md and trend.png: per study (one width each), CoLA's gap to full-rank at equal steps and at equal FLOPs
-    over the seeds both have, how far CoLA-M's validation losses lie from CoLA's, and each model's validation loss
-    minus its training loss at the end, and the gap between the two runs' lowest validation losses (the data is read
-    more often at larger widths: how far each memorised it, and the gap an early stop would have seen)."""
+    over the seeds both have; how far CoLA-M's validation losses lie from CoLA's; and, since the data is read more
+    often at larger widths, how far each model memorised it (its final validation loss minus its training loss) and
+    the gap between the two runs' lowest validation losses (the gap an early stop would have seen)."""
     lines = ['| d | r | full-rank params | seeds | full-rank lr | CoLA lr | full-rank val loss | CoLA val loss | '
              'gap at equal steps (%) | gap at equal FLOPs (%) | CoLA-M vs CoLA (max abs diff) | '
              'val - train loss, full-rank / CoLA | gap at the lowest val loss (%) |', '|---' * 13 + '|']
@@ -518,7 +518,7 @@ def trend_report(studies):
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     for i, label, style in [(1, 'at equal steps', '-'), (2, 'at equal FLOPs', '-'),
-                            (3, 'at the lowest validation losses', '--')]:  # dashed: it may lie on equal steps'
+                            (3, 'at the lowest validation losses', '--')]:  # dashed: it may lie on the equal-steps line
         xs = [d for d, *g in points if g[i - 1]]
         ax.errorbar(xs, [statistics.mean(g[i - 1]) for d, *g in points if g[i - 1]], capsize=4, marker='o', label=label,
                     linestyle=style, yerr=[statistics.stdev(g[i - 1]) if len(g[i - 1]) > 1 else 0 for d, *g in points if g[i - 1]])
