@@ -177,7 +177,8 @@ def run_all(plans):
     records_before = {}  # name -> its log's record count at launch: what this invocation adds comes after
     training = {name for name, commands in plans if trains(commands)}
     runs_done += len(plans) - len(waiting)  # finished before: counted, not run again
-    steps_left -= max_iters * sum(not trains(commands) for _, commands in plans)
+    steps_left -= max_iters * sum(not trains(commands) and not os.path.islink(os.path.join(out_dir, name))
+                                  for name, commands in plans)  # (a link: a sweep's winner, never counted in steps_left)
     threads = str(max(1, (os.cpu_count() or 1) // jobs))  # the cores shared out, not oversubscribed
     while waiting or running:
         while waiting and len(running) < jobs:
@@ -611,8 +612,9 @@ if __name__ == '__main__':
     swept = [m for m in methods if m not in best_lrs and not (m == 'cola-m' and 'cola' in methods)]
     # the sweep's runs (grid and refinement) and the study's (its seed-1 runs of swept methods are the sweep's: scored only)
     runs_done, total_runs = 0, len(swept) * (len(sweep_lrs) + 2) + len(methods) * len(seeds)
-    # for the ETA: the steps still to train (runs that train nothing more are taken off as found), this invocation's pace
-    steps_left, steps_trained, started = total_runs * max_iters, 0, time.time()
+    # for the ETA: the steps still to train (not the swept methods' seed-1 runs, which are the sweep's; runs that train
+    # nothing more are taken off as found), this invocation's pace
+    steps_left, steps_trained, started = (total_runs - len(swept)) * max_iters, 0, time.time()
     grid = run_all([plan_run(f'sweep/{m}-lr{lr:g}', m, lr, seeds[0]) for m in swept for lr in sweep_lrs])
     sweep = {m: grid[i * len(sweep_lrs):(i + 1) * len(sweep_lrs)] for i, m in enumerate(swept)}
     finer = run_all([plan_run(f'sweep/{m}-lr{lr:g}', m, lr, seeds[0]) for m in swept for lr in refined(m, sweep[m])])
