@@ -143,13 +143,13 @@ def plan_run(name, method, lr, seed):
         compile_model=compile_model, keep_best=False, keep_checkpoints=keep_checkpoints, log_interval=10,
         **method_settings(method, steps))
     records = read_log(log_path) if os.path.exists(log_path) else []
-    for key, value in settings.items():
-        old = records[0]['config'].get(key) if records else None
-        # a float to 1e-12: a rate reached two ways (8e-3 / sqrt(2), 4e-3 * sqrt(2)) differs in its last bit
+    for key, value in settings.items() if records else ():
+        old = records[0]['config'].get(key)
+        # floats to 1e-12: a rate reached two ways (8e-3 / sqrt(2), 4e-3 * sqrt(2)) differs in its last bit
         same = math.isclose(old, value, rel_tol=1e-12) if isinstance(value, float) and isinstance(old, float) else old == value
-        if records and key not in ('device', 'compile_model', 'log_interval') and not same:
-            raise SystemExit(f"{run_dir}/ holds a run trained with {key}={records[0]['config'].get(key)!r}, not "
-                             f"{value!r}: give this study another out_dir (a run is reused only with its own settings)")
+        if key not in ('device', 'compile_model', 'log_interval') and not same:
+            raise SystemExit(f"{run_dir}/ holds a run trained with {key}={old!r}, not {value!r}: give this study "
+                             f"another out_dir (a run is reused only with its own settings)")
     here = os.path.dirname(os.path.abspath(__file__))
     commands = []
     # finished when its final state is on disk (the checkpoint says so, not the log alone) and its final evaluation is

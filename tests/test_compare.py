@@ -204,6 +204,31 @@ def test_a_resumed_log_keeps_the_redone_steps_records(tmp_path):
     assert kept == records[:2] + [records[5], records[7], records[8]]
 
 
+
+def test_a_finished_run_is_reused_at_a_rate_equal_to_the_last_bit_and_refused_at_another(tmp_path, monkeypatch):
+    import ast
+    import compare
+    monkeypatch.setattr(compare, 'out_dir', str(tmp_path))
+    lr = 8e-3 / 2 ** 0.5  # the run was trained at 4e-3 * sqrt(2), which differs from this in its last bit
+    assert 4e-3 * 2 ** 0.5 != lr
+    _, commands = compare.plan_run('sweep/cola-lr0.00565685', 'cola', lr, 1)
+    settings = dict(arg[2:].split('=', 1) for arg in commands[0] if arg.startswith('--'))
+    config = {}
+    for key, text in settings.items():
+        try:
+            config[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            config[key] = text  # a path or a name
+    log = tmp_path / 'sweep' / 'cola-lr0.00565685' / 'log.jsonl'
+    log.parent.mkdir(parents=True)
+    for trained_at, reused in [(4e-3 * 2 ** 0.5, True), (5.6e-3, False)]:
+        log.write_text(json.dumps({'config': dict(config, learning_rate=trained_at, min_lr=trained_at / 10)}) + '\n')
+        if reused:
+            compare.plan_run('sweep/cola-lr0.00565685', 'cola', lr, 1)
+        else:
+            with pytest.raises(SystemExit, match=r'holds a run trained with learning_rate=0.0056, not 0.0056568'):
+                compare.plan_run('sweep/cola-lr0.00565685', 'cola', lr, 1)
+
 @pytest.mark.parametrize('args,message', [
     (["--methods=('cola','lora')"], "methods: 'lora' is not one of full-rank, cola, cola-m, dlr, elas, tsvd"),
     (['--seeds=()'], 'seeds=(): expected one seed or more'),
