@@ -204,7 +204,6 @@ def test_a_resumed_log_keeps_the_redone_steps_records(tmp_path):
     assert kept == records[:2] + [records[5], records[7], records[8]]
 
 
-
 def test_a_finished_run_is_reused_at_a_rate_equal_to_the_last_bit_and_refused_at_another(tmp_path, monkeypatch):
     import ast
     import compare
@@ -228,6 +227,7 @@ def test_a_finished_run_is_reused_at_a_rate_equal_to_the_last_bit_and_refused_at
         else:
             with pytest.raises(SystemExit, match=r'holds a run trained with learning_rate=0.0056, not 0.0056568'):
                 compare.plan_run('sweep/cola-lr0.00565685', 'cola', lr, 1)
+
 
 @pytest.mark.parametrize('args,message', [
     (["--methods=('cola','lora')"], "methods: 'lora' is not one of full-rank, cola, cola-m, dlr, elas, tsvd"),
