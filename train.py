@@ -9,6 +9,7 @@ One flat script, in nanoGPT's order: config, distributed setup, data, model, opt
 Tokens per step = batch_size x block_size x gradient_accumulation_steps x world size.
 """
 
+import ctypes
 import fcntl
 import json
 import math
@@ -150,6 +151,15 @@ if device.split(':')[0] not in ('cpu', 'cuda') or (device.startswith('cuda') and
 # ----------------------------------------------------------------------------- distributed setup
 distributed = 'RANK' in os.environ  # launched by torchrun
 if distributed:
+    # torchrun starts each rank in a session of its own, so a launcher killed without passing a signal on (SIGKILL,
+    # the out-of-memory killer) would leave the ranks training unseen: on Linux the kernel sends them SIGTERM when it
+    # dies (they save their step and stop together, below), and a rank whose launcher is already gone stops now.
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except AttributeError:  # not Linux: docs/cluster.md says what to do
+        pass
+    if os.getppid() == 1:
+        raise SystemExit("torchrun's launcher is gone (this rank was orphaned before it started): not training")
     dist.init_process_group('nccl' if device.startswith('cuda') else 'gloo', timeout=timedelta(seconds=dist_timeout_s))
     rank_id, world_size, local_rank = dist.get_rank(), dist.get_world_size(), int(os.environ['LOCAL_RANK'])
     if device.startswith('cuda'):

@@ -1,3 +1,4 @@
+import itertools
 import json
 import os
 import random
@@ -16,7 +17,7 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault('TRITON_INTERPRET', '1')
 import cola_op  # noqa: E402
-from helpers import run, t5_like_tokenizer  # noqa: E402
+from helpers import PROCESS_MARK, end_processes, run, t5_like_tokenizer  # noqa: E402
 from dataclasses import replace  # noqa: E402
 
 from model import ModelConfig, Transformer  # noqa: E402
@@ -45,6 +46,21 @@ needs_gpt2 = pytest.mark.skipif(not gpt2_available(), reason="GPT-2's BPE files 
 def pytest_configure(config):
     config.addinivalue_line('markers', 'triton: runs the Triton kernels (interpreted on CPU)')
     config.addinivalue_line('markers', 'cuda: needs a CUDA GPU; skipped without one')
+
+
+os.environ.setdefault(PROCESS_MARK, f'worker-{os.getpid()}')  # the module fixtures' processes
+_tests_started = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left_behind(monkeypatch):
+    """Every process a test starts (helpers.start and run, or Popen with the test's environment) carries a mark of
+    the test; at its end any still alive, grandchildren included, are killed and the test fails naming them."""
+    mark = f'{os.getpid()}-{next(_tests_started)}'
+    monkeypatch.setenv(PROCESS_MARK, mark)
+    yield
+    left = end_processes(mark)
+    assert not left, f"the test left {len(left)} process(es) running, now killed: {'; '.join(c for _, c in left)}"
 
 
 @pytest.fixture(autouse=True)

@@ -1,26 +1,95 @@
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(cwd, script, *args, torchrun=0, env=None, check=True):
-    """Run one of the repository's scripts in cwd, as a user would (under torchrun with that many
-    processes); returns the CompletedProcess, asserting success when check."""
+PROCESS_MARK = 'NANOCOLA_TEST_PROCESS'  # conftest.py sets it per test; whatever a test starts inherits it, children too
+
+
+def start(cwd, script, *args, torchrun=0, env=None, **popen):
+    """Start one of the repository's scripts in cwd, as a user would (under torchrun with that many processes), and
+    return its Popen. It and everything it starts carry the test's PROCESS_MARK, by which conftest.py ends them all
+    when the test ends, whatever happened."""
     command = [sys.executable, os.path.join(ROOT, script), *args]
     if torchrun:
         command[1:1] = ['-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={torchrun}']
-    full_env = dict(os.environ, **(env or {}))  # conftest.py set TIKTOKEN_CACHE_DIR
+    full_env = dict(os.environ, **(env or {}))  # conftest.py set TIKTOKEN_CACHE_DIR and the mark
     full_env.pop('TRITON_INTERPRET', None)  # conftest.py's switch is for the kernel tests: scripts run eager
     if torchrun:
         full_env['OMP_NUM_THREADS'] = '1'
-    r = subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=600)
+    return subprocess.Popen(command, cwd=cwd, env=full_env, text=True, **popen)
+
+
+def run(cwd, script, *args, torchrun=0, env=None, check=True, timeout=600):
+    """Run one of the repository's scripts in cwd to its end (start's arguments); returns the CompletedProcess,
+    asserting success when check. A run that passes timeout is ended, with everything it started."""
+    process = start(cwd, script, *args, torchrun=torchrun, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        end_processes(os.environ[PROCESS_MARK])
+        raise AssertionError(f"{script} {' '.join(args)} had not ended after {timeout} s") from None
+    r = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     if check:
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return r
+
+
+def wait_for(condition, process, what, timeout=600):
+    """Poll condition() until it holds; fail naming what was awaited if process (where given) ends first or timeout
+    seconds pass: generous, since a machine busy with other jobs is slow, never wrong. A file not yet there reads
+    as not yet."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            if condition():
+                return
+        except FileNotFoundError:
+            pass
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"waited for {what}, but the process ended first (exit code {process.returncode})")
+        if time.time() > deadline:
+            raise AssertionError(f"waited {timeout} s for {what}")
+        time.sleep(0.1)
+
+
+def processes_of(mark):
+    """(pid, command line) of every live process whose environment holds PROCESS_MARK=mark: what a test started, and
+    what those started, wherever they were re-parented (torchrun starts its ranks in sessions of their own)."""
+    found, needle = [], f'{PROCESS_MARK}={mark}'.encode()
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            with open(f'/proc/{pid}/environ', 'rb') as f:
+                if needle not in f.read().split(b'\0') or int(pid) == os.getpid():
+                    continue
+            with open(f'/proc/{pid}/stat') as f:
+                if f.read().rpartition(')')[2].split()[0] == 'Z':  # dead, waiting for its parent to read its status
+                    continue
+            with open(f'/proc/{pid}/cmdline', 'rb') as f:
+                found.append((int(pid), f.read().replace(b'\0', b' ').decode(errors='replace').strip()))
+        except OSError:  # gone meanwhile, or not ours
+            continue
+    return found
+
+
+def end_processes(mark, wait_s=30):
+    """SIGKILL every process of processes_of(mark) and wait until none is left; returns those it found."""
+    found = processes_of(mark)
+    for pid, _ in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.time() + wait_s
+    while processes_of(mark) and time.time() < deadline:
+        time.sleep(0.1)
+    return found
 
 
 def refused(r, message):

@@ -1,13 +1,11 @@
 import json
 import os
 import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 import torch
-from helpers import ROOT, digest, refused, run
+from helpers import ROOT, digest, refused, run, start, wait_for
 
 from compare import read_log
 from configurator import configure, public_settings
@@ -137,21 +135,16 @@ def test_killing_compare_stops_its_training_run_after_it_saves_its_step(tmp_path
     (tmp_path / 'text.txt').write_text('the quick brown fox jumps over the lazy dog. ' * 400)
     run(tmp_path, 'prepare.py', '--input_files=text.txt', '--encoding=byte', '--out_dir=data', '--val_tokens=2000')
     args = ['--data_dir=data', '--out_dir=cmp', '--n_layer=1', '--n_head=2', '--n_embd=32', '--intermediate_size=64',
-            '--rank=8', '--block_size=32', '--batch_size=4', '--max_iters=100000', '--eval_interval=5', '--eval_tokens=512',
-            "--methods=('cola',)", '--seeds=(1,)', "--learning_rates=(('cola',3e-3),)"]
-    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
-    study = subprocess.Popen([sys.executable, os.path.join(ROOT, 'compare.py'), *args], cwd=tmp_path, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    lock, deadline = tmp_path / 'cmp' / 'cola-seed1' / 'train.lock', time.time() + 120
-    while not (lock.exists() and lock.read_text().strip()):
-        assert study.poll() is None and time.time() < deadline
-        time.sleep(0.1)
+            '--rank=8', '--block_size=32', '--batch_size=4', '--max_iters=300', '--eval_interval=5', '--eval_tokens=512',
+            "--methods=('cola',)", '--seeds=(1,)', "--learning_rates=(('cola',3e-3),)"]  # 300 steps: about a minute
+    study = start(tmp_path, 'compare.py', *args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lock = tmp_path / 'cmp' / 'cola-seed1' / 'train.lock'
+    wait_for(lambda: lock.read_text().strip(), study, 'the training run to take its lock')
     child = int(lock.read_text())
     study.kill()  # SIGKILL: compare.py cannot clean up; its child must end by itself
     study.wait()
-    while os.path.exists(f'/proc/{child}') and open(f'/proc/{child}/stat').read().split()[2] != 'Z':
-        assert time.time() < deadline + 60, 'the training run outlived compare.py'
-        time.sleep(0.1)
+    wait_for(lambda: not os.path.exists(f'/proc/{child}') or open(f'/proc/{child}/stat').read().split()[2] == 'Z', None,
+             'the training run to stop after compare.py was killed')
     assert torch.load(tmp_path / 'cmp' / 'cola-seed1' / 'ckpt.pt', weights_only=True)['iter_num'] > 0  # it saved first
 
 

@@ -7,12 +7,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 from conftest import TINY_TRAIN
-from helpers import ROOT, digest, refused, run, train_log
+from helpers import ROOT, digest, refused, run, start, train_log, wait_for
 
 from shards import write_durably
 
@@ -101,14 +100,12 @@ def test_sigterm_saves_the_step_and_the_resumed_run_equals_an_uninterrupted_one(
     common = [*TRAIN, '--max_iters=30', '--eval_interval=100', '--log_interval=1']
     one_thread = {'OMP_NUM_THREADS': '1'}  # bit-exact comparisons whatever else the machine runs
     run(trained, 'train.py', *common, '--out_dir=whole', env=one_thread)
-    job = subprocess.Popen([sys.executable, os.path.join(ROOT, 'train.py'), *common, '--out_dir=cut'], cwd=trained,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**script_env(), **one_thread})
-    deadline = time.time() + 120
-    while not (trained / 'cut' / 'log.jsonl').exists() or '"loss"' not in (trained / 'cut' / 'log.jsonl').read_text():
-        assert job.poll() is None and time.time() < deadline
-        time.sleep(0.05)
+    job = start(trained, 'train.py', *common, '--out_dir=cut', env=one_thread, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(lambda: '"loss"' in (trained / 'cut' / 'log.jsonl').read_text(), job, 'the run to log its first loss')
+    job.send_signal(signal.SIGSTOP)  # paused before its last step however fast the machine is; the signal waits
     job.send_signal(signal.SIGTERM)
-    _, err = job.communicate(timeout=120)
+    job.send_signal(signal.SIGCONT)
+    _, err = job.communicate(timeout=600)
     assert job.returncode != 0 and 'Traceback' not in err
     assert 'SIGTERM: stopped after iter' in err.strip().splitlines()[-1] and '--init_from=resume' in err
     stopped_at = torch.load(trained / 'cut' / 'ckpt.pt', weights_only=True)['iter_num']
@@ -118,16 +115,12 @@ def test_sigterm_saves_the_step_and_the_resumed_run_equals_an_uninterrupted_one(
 
 
 def test_a_second_signal_stops_at_once_and_leaves_the_last_checkpoint_whole(trained):
-    common = [*TRAIN, '--max_iters=100000', '--eval_interval=3', '--log_interval=1']
-    job = subprocess.Popen([sys.executable, os.path.join(ROOT, 'train.py'), *common, '--out_dir=twice'], cwd=trained,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=script_env())
-    deadline = time.time() + 120
-    while not (trained / 'twice' / 'ckpt.pt').exists():
-        assert job.poll() is None and time.time() < deadline
-        time.sleep(0.05)
+    common = [*TRAIN, '--max_iters=200', '--eval_interval=3', '--log_interval=1']  # about a minute alone
+    job = start(trained, 'train.py', *common, '--out_dir=twice', stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(lambda: (trained / 'twice' / 'ckpt.pt').exists(), job, 'the run to write its first checkpoint')
     job.send_signal(signal.SIGINT)
     job.send_signal(signal.SIGINT)
-    _, err = job.communicate(timeout=120)
+    _, err = job.communicate(timeout=600)
     assert job.returncode != 0 and 'Traceback' not in err and 'SIGINT' in err.strip().splitlines()[-1]
     assert torch.load(trained / 'twice' / 'ckpt.pt', weights_only=True)['iter_num'] % 3 == 0 or 'stopped after' in err
 

@@ -7,9 +7,10 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from conftest import TINY_TRAIN as TINY
 from conftest import needs_gpt2
-from helpers import ROOT, digest, refused, run, train_log
+from helpers import ROOT, digest, refused, run, start, train_log, wait_for
 
 from shards import write_shard
 
@@ -148,17 +149,16 @@ def test_config_typos_are_caught(tmp_path):
 def test_a_second_run_into_a_busy_out_dir_is_refused_and_a_killed_run_leaves_no_stale_lock(data):
     common = [*TINY, '--data_dir=data', '--out_dir=busy', '--eval_interval=2']
     run(data, 'train.py', *common, '--max_iters=2')
-    first = subprocess.Popen([sys.executable, os.path.join(ROOT, 'train.py'), *common, '--max_iters=100000',
-                              '--init_from=resume'], cwd=data, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = start(data, 'train.py', *common, '--max_iters=200', '--init_from=resume',  # about a minute alone
+                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 120
-        while 'resumed_at' not in open(data / 'busy' / 'log.jsonl').read():  # it holds the lock from here on
-            assert first.poll() is None and time.time() < deadline
-            time.sleep(0.2)
+        wait_for(lambda: 'resumed_at' in (data / 'busy' / 'log.jsonl').read_text(), first,
+                 'the first run to log that it resumed (it holds the lock from then on)')
+        first.send_signal(signal.SIGSTOP)  # it holds the lock however slowly the second run starts
         r = run(data, 'train.py', *common, '--max_iters=4', '--init_from=resume', check=False)
         refused(r, f'busy/ is in use by another training run (pid {first.pid})')
     finally:
-        first.send_signal(signal.SIGKILL)
+        first.kill()
         first.wait()
     r = run(data, 'train.py', *common, '--max_iters=4', '--init_from=resume')  # the kill released the lock
     assert 'resumed from' in r.stdout
@@ -285,27 +285,40 @@ def test_broken_shards_are_named_with_what_is_wrong(data, tmp_path, fault, messa
     assert digest(broken) == before and not (tmp_path / 'never').exists()
 
 
+def first_loss_logged(folder):
+    return (folder / 'log.jsonl').exists() and '"loss"' in (folder / 'log.jsonl').read_text()
+
+
+def ranks_of(launcher):
+    """{rank: pid} of a torchrun launcher's worker processes."""
+    children = [int(pid) for pid in os.listdir('/proc') if pid.isdigit() and os.path.exists(f'/proc/{pid}/stat')
+                and open(f'/proc/{pid}/stat').read().rpartition(')')[2].split()[1] == str(launcher.pid)]
+    return {int(dict(v.split(b'=', 1) for v in open(f'/proc/{pid}/environ', 'rb').read().split(b'\0') if b'=' in v)[b'RANK']): pid
+            for pid in children}
+
+
 def test_a_stalled_process_stops_a_distributed_run_after_dist_timeout_s(data):
-    args = [*TINY, '--data_dir=data', '--out_dir=stalled', '--batch_size=2', '--max_iters=100000', '--eval_interval=100000',
-            '--dist_timeout_s=10']
-    launcher = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
-                                 os.path.join(ROOT, 'train.py'), *args], cwd=data, env=dict(os.environ, OMP_NUM_THREADS='1'),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 120
-        while not (data / 'stalled' / 'log.jsonl').exists() or '"loss"' not in open(data / 'stalled' / 'log.jsonl').read():
-            assert launcher.poll() is None and time.time() < deadline  # training is under way
-            time.sleep(0.2)
-        workers = [int(pid) for pid in os.listdir('/proc') if pid.isdigit()
-                   and open(f'/proc/{pid}/stat').read().split(')')[1].split()[1] == str(launcher.pid)]
-        rank1 = next(pid for pid in workers if b'\0RANK=1\0' in b'\0' + open(f'/proc/{pid}/environ', 'rb').read())
-        os.kill(rank1, signal.SIGSTOP)  # as a hung or stopped process would
-        stopped = time.time()
-        launcher.wait(timeout=120)
-        assert launcher.returncode != 0 and time.time() - stopped < 90  # not the default 30 minutes
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
+    args = [*TINY, '--data_dir=data', '--out_dir=stalled', '--batch_size=2', '--max_iters=2000', '--eval_interval=100000',
+            '--dist_timeout_s=10']  # 2,000 steps: about a minute on 2 idle cores, so that it ends by itself
+    launcher = start(data, 'train.py', *args, torchrun=2, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: first_loss_logged(data / 'stalled'), launcher, 'the 2-process run to log its first loss')
+    os.kill(ranks_of(launcher)[1], signal.SIGSTOP)  # as a hung or stopped process would
+    stopped = time.time()
+    launcher.wait(timeout=600)
+    assert launcher.returncode != 0 and time.time() - stopped < 300  # the 10 s timeout, not the default 30 minutes
+
+
+def test_ranks_stop_when_their_launcher_is_killed_without_passing_a_signal_on(data):
+    args = [*TINY, '--data_dir=data', '--out_dir=orphaned', '--batch_size=2', '--max_iters=2000', '--eval_interval=100000']
+    launcher = start(data, 'train.py', *args, torchrun=2, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: first_loss_logged(data / 'orphaned'), launcher, 'the 2-process run to log its first loss')
+    ranks = ranks_of(launcher)
+    launcher.kill()  # SIGKILL, as the out-of-memory killer would: torchrun cannot tell its ranks
+    launcher.wait()
+    gone = lambda pid: not os.path.exists(f'/proc/{pid}') or open(f'/proc/{pid}/stat').read().rpartition(')')[2].split()[0] == 'Z'
+    wait_for(lambda: all(gone(pid) for pid in ranks.values()), None, 'both ranks to stop after their launcher died')
+    checkpoint = torch.load(data / 'orphaned' / 'ckpt.pt', weights_only=True)
+    assert 0 < checkpoint['iter_num'] < 2000  # they saved their step together (SIGTERM), then stopped
 
 
 @pytest.mark.parametrize('script,setting', [('train.py', '--learning_rate=0.006'), ('prepare.py', "--encoding='gpt2'"),
