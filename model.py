@@ -69,8 +69,8 @@ class ModelConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected a positive integer")
         if self.n_embd % self.n_head != 0 or (self.n_embd // self.n_head) % 2 != 0:
             raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads of even size")
-        # CoLA-M tells a down-projection z = x @ A by its width r alone (see keep_z), so r must be
-        # narrower than every other matmul output of a block; a bottleneck is anyway.
+        # CoLA-M tells a down product x @ A by its weight's shape (see keep_z), so an A (d_in, r) must never have
+        # the shape of a B (r, d_out): r narrower than d and f ensures it; a bottleneck is anyway.
         if not 0 <= self.rank < min(self.n_embd, self.intermediate_size):
             raise ValueError(f"rank={self.rank}: expected 0 (full-rank) or a bottleneck narrower than "
                              f"n_embd={self.n_embd} and intermediate_size={self.intermediate_size}")
@@ -176,6 +176,26 @@ def latent_residual(rank, d_out, alpha):
     return alpha / math.sqrt(K) * R
 
 
+def shared_down(layers, x):
+    """The down-projections of CoLA layers that read the same x (q, k, v; gate, up) as one product:
+
+        [z_1 | ... | z_n] = x @ [A_1 | ... | A_n]      (..., n r)
+
+    the columns of one product being those of the n products, so the function is the n layers' own. One GEMM n times
+    wider than each skinny one (it fills a GPU better), x read once, and in backward dx = dz @ [A_1 | ... | A_n]^T,
+    one product where autograd would add n. Returns z_1, ..., z_n, each (..., r)."""
+    A = torch.cat([layer.A for layer in layers], dim=1)  # (d_in, n r): a copy of the weights, small beside x
+    return (x @ A).split([layer.A.size(1) for layer in layers], dim=-1)
+
+
+def fan_out(layers, x):
+    """Each layer of layers applied to x: CoLA layers through shared_down, one down product for all, any other
+    method's layers (nn.Linear, TSVD, ...) one by one."""
+    if all(type(layer) is CoLALinear for layer in layers):
+        return [layer.up(z) for layer, z in zip(layers, shared_down(layers, x))]
+    return [layer(x) for layer in layers]
+
+
 def build_projection(d_in, d_out, config, part):
     """A projection of a block's part ('attn' or 'mlp'): nn.Linear for the full-rank baseline,
     CoLALinear when config.rank > 0 (with DLR where config.dlr_scope covers the part), or another
@@ -207,7 +227,7 @@ class Attention(nn.Module):
         """Causal multi-head attention with RoPE, up to o_proj's input (separate so that CoLA-M
         can cut the branch inside o_proj): (B, T, d) -> (B, T, d)."""
         B, T, C = x.shape
-        q, k, v = (p(x).view(B, T, self.n_head, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = (y.view(B, T, self.n_head, -1).transpose(1, 2) for y in fan_out((self.q_proj, self.k_proj, self.v_proj), x))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (B, H, T, hd)
         past = kv_cache.length if kv_cache is not None else 0
         if kv_cache is not None:
@@ -239,22 +259,24 @@ class MLP(nn.Module):
     def hidden_activation(self, x):
         """The hidden layer, down_proj's input (separate so that CoLA-M can cut the branch inside
         down_proj): (B, T, d) -> (B, T, f)."""
-        return self.gate_act(self.gate_proj(x)) * self.up_proj(x)
+        gate, up = fan_out((self.gate_proj, self.up_proj), x)
+        return self.gate_act(gate) * up
 
 
 # ----------------------------------------------------------------------------- CoLA-M and the block
 
-def keep_z(rank, ctx, op, *args, **kwargs):
-    """CoLA-M's rule: save the down-projections z = x @ A (the only matmuls of a block whose output
-    is r wide, as ModelConfig ensures), recompute everything else."""
-    if op is torch.ops.aten.mm.default and args[1].shape[-1] == rank:
+def keep_z(down_shapes, ctx, op, *args, **kwargs):
+    """CoLA-M's rule: save the down-projections z = x @ A, the matmuls whose weight has the shape of an A of the
+    block, or of merged ones [A_q | A_k | A_v], [A_gate | A_up] (down_shapes); recompute everything else. The
+    weight's shape, not the output's width: at 130m 3r = d, the width of q = silu(z_q) @ B_q too."""
+    if op is torch.ops.aten.mm.default and tuple(args[1].shape) in down_shapes:
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def cola_m_checkpoint(fn, rank, x):
+def cola_m_checkpoint(fn, down_shapes, x):
     """fn(x), keeping for backward only x and the z of the CoLA layers inside fn."""
-    context_fn = partial(create_selective_checkpoint_contexts, partial(keep_z, rank))
+    context_fn = partial(create_selective_checkpoint_contexts, partial(keep_z, down_shapes))
     return checkpoint(fn, x, use_reentrant=False, preserve_rng_state=False, context_fn=context_fn)
 
 
@@ -268,11 +290,20 @@ class Block(nn.Module):
             self.mlp = elas.ElasMLP(config.n_embd, config.intermediate_size, partial(build_projection, config=config, part='mlp'))
         else:
             self.mlp = MLP(config)
-        self.checkpointing, self.rank = config.checkpointing, config.rank
+        self.checkpointing = config.checkpointing
 
     def projections(self):
         """The block's projections, q, k, v, o, then the MLP's (gate, up, down)."""
         return [self.attn.q_proj, self.attn.k_proj, self.attn.v_proj, self.attn.o_proj, *self.mlp.projections()]
+
+    def down_shapes(self):
+        """The weights' shapes of the down products CoLA-M keeps: each layer's A, and fan_out's merged [A_q | A_k | A_v]
+        and [A_gate | A_up] (ModelConfig's rank < min(d, f) keeps every one of them apart from every B)."""
+        merged = [(self.attn.q_proj, self.attn.k_proj, self.attn.v_proj)]
+        if isinstance(self.mlp, MLP):
+            merged.append((self.mlp.gate_proj, self.mlp.up_proj))
+        return ({tuple(p.A.shape) for p in self.projections()}
+                | {(layers[0].A.size(0), sum(p.A.size(1) for p in layers)) for layers in merged})
 
     def forward(self, x, cos, sin, kv_cache=None):
         mode = self.checkpointing if torch.is_grad_enabled() else 'none'
@@ -293,10 +324,10 @@ class Block(nn.Module):
         and the seven r-wide z (7r). Each residual branch is checkpointed from the stream up to the
         z of its last layer (o_proj, down_proj); that layer's up-projection runs outside the
         checkpoint, so backward rebuilds q, k, v, gate and up from their z, never a down-projection."""
-        o_proj, down_proj = self.attn.o_proj, self.mlp.down_proj
-        z_o = cola_m_checkpoint(lambda x: o_proj.down(self.attn.attend(self.attn_norm(x), cos, sin)), self.rank, x)
+        o_proj, down_proj, shapes = self.attn.o_proj, self.mlp.down_proj, self.down_shapes()
+        z_o = cola_m_checkpoint(lambda x: o_proj.down(self.attn.attend(self.attn_norm(x), cos, sin)), shapes, x)
         h = x + o_proj.up(z_o)
-        z_down = cola_m_checkpoint(lambda h: down_proj.down(self.mlp.hidden_activation(self.mlp_norm(h))), self.rank, h)
+        z_down = cola_m_checkpoint(lambda h: down_proj.down(self.mlp.hidden_activation(self.mlp_norm(h))), shapes, h)
         return h + down_proj.up(z_down)
 
 

@@ -9,6 +9,7 @@ from conftest import TINY
 from helpers import ROOT
 
 from bench import VARIANTS, activation_bytes, config_shape, measure_flops
+import model as model_module
 from model import CoLALinear, ModelConfig, Transformer
 
 SHAPES_1B = dict(n_embd=2048, intermediate_size=5461, n_head=32, rank=512, block_size=256)
@@ -145,13 +146,33 @@ def test_activation_probe_agrees_with_saved_tensors_hooks(rank, mode):
     assert activation_bytes(config, 8, 32) == saved_tensor_bytes(config, 8, 32)
 
 
-def test_saved_activations_per_token_and_layer():
-    d, r = 128, 32
+@pytest.mark.parametrize('d,r', [(128, 32), (96, 32), (64, 32)])  # 3r = d and 2r = d: the merged z as wide as q or h
+def test_saved_activations_per_token_and_layer(d, r):
     config = replace(TINY, n_embd=d, rank=r)
     values = {mode: activation_bytes(replace(config, checkpointing=mode), 8, 32) / 4 for mode in ('none', 'full', 'cola-m')}
     assert values['full'] == d  # only the block's input
     assert values['cola-m'] == 2 * d + 7 * r  # x, h and the seven z = x @ A
     assert values['none'] > 4 * values['cola-m']
+
+
+@pytest.mark.parametrize('fused', [True, False])
+def test_merged_down_projections_compute_the_separate_layers_function_and_gradients(monkeypatch, fused):
+    config = replace(TINY, fused_cola=fused)
+    idx = torch.randint(0, 96, (3, 32))
+    results = []
+    for merged in (True, False):
+        model = build(config).double()
+        if not merged:  # each layer on its own: x @ A_q, x @ A_k, x @ A_v, ...
+            monkeypatch.setattr(model_module, 'fan_out', lambda layers, x: [layer(x) for layer in layers])
+        logits, loss = model(idx, idx)
+        loss.backward()
+        results.append((logits, {n: p.grad for n, p in model.named_parameters()}))
+    (logits, grads), (logits_separate, grads_separate) = results
+    torch.testing.assert_close(logits, logits_separate, rtol=1e-12, atol=1e-12)
+    for name in grads:
+        torch.testing.assert_close(grads[name], grads_separate[name], rtol=1e-12, atol=1e-12)
+    assert {n for n in grads if '.attn.' in n} == {f'blocks.{i}.attn.{p}_proj.{w}' for i in range(2) for p in 'qkvo'
+                                                     for w in 'AB'}  # the layers and their names stay separate
 
 
 def test_cola_m_recomputes_under_a_quarter_of_full_rank_checkpointing_at_1b():
