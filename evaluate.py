@@ -28,7 +28,11 @@ are those the whole text adds to the context's, trailing spaces of the context m
 padded on the right (a causal model: what follows a sequence changes none of its logits), sequences longer than
 block_size cut on the left as lm-eval's hf model cuts them; loglikelihood_rolling over lm-eval's disjoint windows of
 block_size tokens; generate_until greedy (sampled where a task asks), with a KV cache, prompts of equal length batched,
-stopping at the task's stop strings or the end-of-text token. An empty context starts from the end-of-text token.
+stopping at the task's stop strings or the end-of-text token. At the limits, as lm-eval's hf model or better, and
+said: a context that is empty, or empty once its trailing spaces move to the continuation (the hf model fails on
+both), is the end-of-text token, as lm-eval scores an empty context; a generation's context is cut on the left to
+leave max_gen_toks free in block_size, and max_gen_toks >= block_size (no room left) or a continuation longer than
+block_size (no window holds it) is refused in one line, where the hf model stops with an assertion.
 DLR is folded first (the same function). Writes out_dir/evaluate.json: per task its metrics (acc, and acc_norm or
 perplexity where the task has them), items and chance.
 """
@@ -106,6 +110,12 @@ class NanoCoLA(TemplateLM):
     def _loglikelihood_tokens(self, requests, disable_tqdm=False):
         """[(key, context tokens, continuation tokens)] -> [(sum of log p(continuation), whether greedy decoding
         gives it)], longest first in batches, answered in the order asked."""
+        for key, _, continuation in requests:
+            if len(continuation) > self.max_length:
+                raise SystemExit(f"a continuation of {len(continuation)} tokens ({str(key)[:60]}...): expected at most "
+                                 f"block_size={self.max_length}, the longest the model scores in one window")
+        # a context that moved all of its text (spaces) to the continuation: the end-of-text token, as an empty one
+        requests = [(key, context or [self.prefix_token_id], continuation) for key, context, continuation in requests]
         order = sorted(range(len(requests)), key=lambda i: -len(requests[i][1] + requests[i][2]))
         answers = [None] * len(requests)
         for start in range(0, len(order), self.batch_size):
@@ -142,8 +152,16 @@ class NanoCoLA(TemplateLM):
         `until` strings; the context cut on the left to leave room in block_size."""
         answers, groups = [None] * len(requests), {}
         for i, (context, kwargs) in enumerate(r.args for r in requests):
-            max_new = min(int(kwargs.get('max_gen_toks', 256)), self.max_length - 1)
-            prompt = self.tok_encode(context)[-(self.max_length - max_new):] or [self.prefix_token_id]
+            max_new = int(kwargs.get('max_gen_toks', 256))
+            if not 0 < max_new < self.max_length:
+                raise SystemExit(f"generate_until: max_gen_toks={max_new} leaves no room for the context in the model's "
+                                 f"block_size={self.max_length}: expected 1 to {self.max_length - 1} (lm-eval's "
+                                 f"--gen_kwargs max_gen_toks=N sets it)")
+            prompt = self.tok_encode(context)[-(self.max_length - max_new):]
+            if not prompt:
+                print("generate_until: an empty context: generating after the end-of-text token, as lm-eval scores "
+                      "an empty context's log-likelihood", file=sys.stderr)
+                prompt = [self.prefix_token_id]
             key = (len(prompt), json.dumps(kwargs, sort_keys=True, default=str))  # batched: same length, same settings
             groups.setdefault(key, []).append((i, prompt, max_new, kwargs))
         for group in groups.values():

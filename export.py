@@ -83,6 +83,36 @@ def hf_state(model):
     return {k: v.detach().float().contiguous() for k, v in state.items()}
 
 
+def llama_settings(hf, folder):
+    """ModelConfig's settings from a Llama's or an official CoLA model's config.json, as transformers 4 writes it
+    (rope_theta, rope_scaling at the top) or 5 (both in rope_parameters); a setting nanoCoLA's model lacks (biases,
+    rope scaling, grouped KV heads, tied embeddings, another head_dim or activation) is refused in one line naming
+    it, never dropped."""
+    rope, scaling = hf.get('rope_parameters') or {}, hf.get('rope_scaling') or {}
+    heads, width = hf.get('num_attention_heads'), hf.get('hidden_size')
+    lacks = [  # (setting, its value, what nanoCoLA's model has instead), for each value the model cannot take
+        ('model_type', hf.get('model_type'), "'llama' or 'cola'", hf.get('model_type') in ('llama', 'cola')),
+        ('num_key_value_heads', hf.get('num_key_value_heads'), f'one KV head per query head ({heads})',
+         hf.get('num_key_value_heads', heads) == heads),
+        ('tie_word_embeddings', hf.get('tie_word_embeddings'), 'an output layer of its own', not hf.get('tie_word_embeddings')),
+        ('hidden_act', hf.get('hidden_act'), "'silu'", hf.get('hidden_act', 'silu') == 'silu'),
+        ('attention_bias', hf.get('attention_bias'), 'no biases', not hf.get('attention_bias')),
+        ('mlp_bias', hf.get('mlp_bias'), 'no biases', not hf.get('mlp_bias')),
+        ('rope_scaling', scaling, 'plain RoPE', scaling.get('rope_type', scaling.get('type', 'default')) == 'default'),
+        ('rope_parameters', rope, "plain RoPE (rope_type 'default')", rope.get('rope_type', 'default') == 'default'),
+        ('head_dim', hf.get('head_dim'), f'hidden_size / num_attention_heads ({width} / {heads})',
+         hf.get('head_dim') in (None, width // heads if width and heads else None)),
+    ]
+    for setting, value, instead, fits in lacks:
+        if not fits:
+            raise SystemExit(f"import_dir={folder!r}: {setting}={value!r}: nanoCoLA's model has {instead}, so it "
+                             f"cannot compute this model's function")
+    return dict(vocab_size=hf['vocab_size'], block_size=hf.get('max_position_embeddings', 2048),
+                n_layer=hf['num_hidden_layers'], n_head=heads, n_embd=width, intermediate_size=hf['intermediate_size'],
+                rank=hf.get('rank', 0) if hf['model_type'] == 'cola' else 0, only_lr_act=hf.get('only_lr_act', False),
+                norm_eps=hf.get('rms_norm_eps', 1e-6), rope_theta=rope.get('rope_theta', hf.get('rope_theta', 10000.0)))
+
+
 def import_llama(folder):
     """(a Transformer with a Llama's or an official CoLA model's weights, its encoding or None), or a one-line exit."""
     from safetensors.torch import load_file
@@ -92,15 +122,11 @@ def import_llama(folder):
     except (OSError, ValueError) as e:
         raise SystemExit(f"import_dir={folder!r}: expected a Hugging Face folder with config.json and "
                          f"model.safetensors ({type(e).__name__})") from None
-    if hf.get('model_type') not in ('llama', 'cola') or hf.get('num_key_value_heads', hf.get('num_attention_heads')) != \
-            hf.get('num_attention_heads') or hf.get('tie_word_embeddings') or hf.get('hidden_act', 'silu') != 'silu':
-        raise SystemExit(f"import_dir={folder!r}: expected a Llama or official CoLA model with untied embeddings, no "
-                         f"grouped KV heads and SiLU (model_type={hf.get('model_type')!r}), the architecture nanoCoLA shares")
-    config = ModelConfig(vocab_size=hf['vocab_size'], block_size=hf.get('max_position_embeddings', 2048),
-                         n_layer=hf['num_hidden_layers'], n_head=hf['num_attention_heads'], n_embd=hf['hidden_size'],
-                         intermediate_size=hf['intermediate_size'], rank=hf.get('rank', 0) if hf['model_type'] == 'cola' else 0,
-                         only_lr_act=hf.get('only_lr_act', False), norm_eps=hf.get('rms_norm_eps', 1e-6),
-                         rope_theta=hf.get('rope_theta', 10000.0))
+    try:
+        config = ModelConfig(**llama_settings(hf, folder))
+    except (KeyError, TypeError, ValueError) as e:  # a setting missing, or one ModelConfig refuses
+        raise SystemExit(f"import_dir={folder!r}: config.json does not describe a model nanoCoLA can build "
+                         f"({type(e).__name__}: {e})") from None
     model = Transformer(config)
     names = {}  # ours -> theirs, tensor by tensor
     for name, theirs in llama_modules(config).items():  # as hf_state writes them
@@ -140,8 +166,10 @@ def hf_tokenizer(encoding):
     GPT-2's BPE from tiktoken's files (its vocab.bpe is GPT-2's merges.txt, its encoder.json GPT-2's vocab.json); the
     byte encoding as byte-level BPE without merges (token b is byte b, 256 the end of text)."""
     from transformers import GPT2TokenizerFast, PreTrainedTokenizerFast
-    if encoding.startswith('hf:'):
-        return get_encoding(encoding).tokenizer
+    if encoding.startswith('hf:'):  # its tokenizer.json as it is (transformers 5's T5 class would change it)
+        enc = get_encoding(encoding)
+        eos, pad = (enc.tokenizer.id_to_token(i) for i in (enc.eot_token, enc.pad_token))
+        return PreTrainedTokenizerFast(tokenizer_object=enc.tokenizer, eos_token=eos, pad_token=pad)
     if encoding == 'gpt2':
         from tiktoken.load import read_file_cached
         get_encoding('gpt2')  # tiktoken's files are cached (or a one-line exit saying how to get them offline)

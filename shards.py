@@ -155,30 +155,50 @@ class ByteEncoding:
 
 class TokenizerEncoding:
     """A Hugging Face tokenizer (the paper's recipe: T5's SentencePiece), with the methods of tiktoken's we use. Its
-    name, 'hf:' + the tokenizer's hub name or local folder, is what meta.json and checkpoints record."""
+    name, 'hf:' + the tokenizer's hub name or local folder, is what meta.json and checkpoints record. Run by the
+    `tokenizers` library exactly as its tokenizer.json defines it (normaliser, pre-tokeniser, model, end token), as
+    transformers 4 ran it in the official pipeline: transformers 5's T5 class replaces the file's pre-tokeniser and
+    would lose newlines, runs of spaces and the space before a literal </s>."""
 
     def __init__(self, source):
         try:
-            from transformers import AutoTokenizer
-            self.tokenizer = AutoTokenizer.from_pretrained(source)
+            from tokenizers import Tokenizer
+            folder = source if os.path.isdir(source) else os.path.dirname(_hub_file(source, 'tokenizer.json'))
+            self.tokenizer = Tokenizer.from_file(os.path.join(folder, 'tokenizer.json'))
+            special = json.load(open(os.path.join(folder, 'tokenizer_config.json')))
         except ImportError:
-            raise SystemExit("the paper's recipe tokenises with transformers: pip install transformers") from None
+            raise SystemExit("the paper's recipe tokenises with tokenizers: pip install tokenizers") from None
         except Exception as e:  # no network and no such folder, or a folder that holds no tokenizer
             raise SystemExit(f"could not load the tokenizer {source!r} ({type(e).__name__}): give a hub name with a "
-                             f"network, or a local folder holding tokenizer.json") from None
-        self.name, self.n_vocab = 'hf:' + source, len(self.tokenizer)
-        self.eot_token, self.pad_token = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+                             f"network, or a local folder holding tokenizer.json and tokenizer_config.json") from None
+        token_id = lambda token: self.tokenizer.token_to_id(token['content'] if isinstance(token, dict) else token)
+        self.name, self.n_vocab = 'hf:' + source, self.tokenizer.get_vocab_size(with_added_tokens=True)
+        self.eot_token, self.pad_token = token_id(special.get('eos_token', '</s>')), token_id(special.get('pad_token', '<pad>'))
 
     def encode_to_numpy(self, text, disallowed_special=()):
-        return np.array(self.tokenizer(text, add_special_tokens=False)['input_ids'], dtype=np.int64)
+        return np.array(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
 
     def decode(self, tokens):
-        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=True)
 
     def rows(self, texts, row_tokens):
         """The official pipeline's rows: each text tokenised alone, its end token added, truncated and padded to
-        row_tokens (GaLore's and CoLA's data loader calls the tokenizer exactly so)."""
-        return self.tokenizer(texts, max_length=row_tokens, truncation=True, padding='max_length')['input_ids']
+        row_tokens, as GaLore's and CoLA's data loader's `tokenizer(texts, max_length=row_tokens, truncation=True,
+        padding='max_length')` makes them."""
+        self.tokenizer.enable_truncation(max_length=row_tokens)
+        self.tokenizer.enable_padding(length=row_tokens, pad_id=self.pad_token, pad_token=self.tokenizer.id_to_token(self.pad_token))
+        try:
+            return [encoding.ids for encoding in self.tokenizer.encode_batch(texts)]
+        finally:
+            self.tokenizer.no_truncation()
+            self.tokenizer.no_padding()
+
+
+def _hub_file(name, filename):
+    """A file of a tokenizer on the Hugging Face hub, downloaded once into its cache (with its tokenizer_config.json)."""
+    from huggingface_hub import hf_hub_download
+    hf_hub_download(name, 'tokenizer_config.json')
+    return hf_hub_download(name, filename)
 
 
 def get_encoding(name):

@@ -39,6 +39,7 @@ out_dir = 'out'  # where the run's checkpoints and log.jsonl go
 data_dir = 'data/c4'  # token shards from prepare.py (meta.json and its splits)
 eval_interval = 1000  # evaluate, then checkpoint, every this many steps (and at the end)
 eval_tokens = 10_000_000  # the validation budget: the same first tokens of the val split each time
+official_val_loss = False  # True: also log the official CoLA code's validation loss, to set beside the paper's tables
 log_interval = 10  # print and record the training loss every this many steps
 init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
 start_over = False  # True: init_from='scratch' into an out_dir that holds a run deletes that run first (else refused)
@@ -424,6 +425,29 @@ def evaluate():
     return (total[0] / total[1]).item()
 
 
+@torch.no_grad()
+def evaluate_official():
+    """The validation loss as the official CoLA code computes it (its main.py, evaluate_model), to set beside the
+    paper's tables: each batch's mean loss, summed and divided by the batches plus one (its counter starts at 1),
+    over the batches taken until more than eval_tokens inputs that are not padding (counted times the processes)
+    have been seen; then the mean over the processes. Which rows each process reads is ours (the same on one)."""
+    model.eval()
+    total, batches, seen = 0.0, 0, 0
+    for b in range(val_data.n_sequences // (batch_size * world_size)):
+        if seen > eval_tokens:
+            break
+        x, y = val_data.batch((b * world_size + rank_id) * batch_size, batch_size)
+        with autocast:
+            _, loss = model(x, y)
+        total, batches = total + loss.item(), batches + 1
+        seen += (int((y >= 0).sum()) + len(x)) * world_size  # a row's inputs: its first token and its targets' tokens
+    value = torch.tensor(total / (batches + 1), device=device, dtype=torch.float64)
+    if distributed:
+        dist.all_reduce(value)
+    model.train()
+    return value.item() / world_size
+
+
 def save_checkpoint(path):
     """Model, optimizer, step, data position, RNG states and config, written atomically and durably."""
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -562,7 +586,9 @@ while True:
     if iter_num % eval_interval == 0 or iter_num >= max_iters:
         val_loss = evaluate()
         stop_if_not_finite(val_loss, 'the validation loss')
-        log(f"iter {iter_num}: val loss {val_loss:.4f}, perplexity {math.exp(min(val_loss, 50)):.2f}")
+        official = {'val_loss_official': evaluate_official()} if official_val_loss else {}
+        log(f"iter {iter_num}: val loss {val_loss:.4f}, perplexity {math.exp(min(val_loss, 50)):.2f}"
+            + (f" (the official code's convention: {official['val_loss_official']:.4f})" if official else ''))
         if iter_num > start_iter:
             if keep_checkpoints:  # (not at iter 0: saving AdamW's state before its first step would start it)
                 save_checkpoint(os.path.join(out_dir, f'ckpt_{iter_num}.pt'))
@@ -573,7 +599,7 @@ while True:
             if always_save_checkpoint or iter_num >= max_iters:
                 save_checkpoint(checkpoint_path)
         # recorded once its checkpoints are on disk: a log never holds a result whose state was not saved
-        record({'iter': iter_num, 'val_loss': val_loss, 'val_ppl': math.exp(min(val_loss, 50))})
+        record({'iter': iter_num, 'val_loss': val_loss, 'val_ppl': math.exp(min(val_loss, 50)), **official})
         t0, timed_from = time.time(), iter_num  # leave the evaluation out of the step times
         targets_seen.zero_()
     if iter_num >= max_iters:

@@ -31,8 +31,9 @@ for name, docs in [('train.jsonl', train), ('val.jsonl', val)]:
         f.writelines(json.dumps({'text': d}) + '\n' for d in docs)
 tok = t5_like_tokenizer(os.path.join(work, 'tok'), train, vocab_size=1024)
 
-from transformers import AutoTokenizer  # noqa: E402
-lengths = np.array([len(ids) for ids in AutoTokenizer.from_pretrained(tok)(train)['input_ids']])  # with the end token
+from shards import get_encoding  # noqa: E402
+enc = get_encoding('hf:' + tok)
+lengths = np.array([len(enc.encode_to_numpy(d)) + 1 for d in train])  # with the end token
 print(f"{len(train):,} training speeches: {np.median(lengths):.0f} tokens at the median, mean {lengths.mean():.0f}, "
       f"90th percentile {np.percentile(lengths, 90):.0f}, longest {lengths.max()}")
 for row in (64, 128, 256):
@@ -55,10 +56,12 @@ run('prepare.py', '--recipe=paper', f'--tokenizer={tok}', '--row_tokens=257', f'
 common = ['config/cpu_tiny.py', f'--max_iters={steps}', f'--lr_decay_iters={steps}', f'--warmup_iters={steps // 10}',
           f'--eval_interval={steps}', '--start_over=True']
 for name, extra in [('packed bytes', [f'--data_dir={work}/packed', f'--out_dir={work}/run-packed']),
-                    ('paper rows', [f'--data_dir={work}/paper', f'--out_dir={work}/run-paper', '--block_size=256'])]:
+                    ('paper rows', [f'--data_dir={work}/paper', f'--out_dir={work}/run-paper', '--block_size=256',
+                                    '--official_val_loss=True'])]:
     run('train.py', *common, *extra)
     records = [json.loads(line) for line in open(os.path.join(extra[1].split('=', 1)[1], 'log.jsonl'))]
     speeds = sorted(r['tokens_per_s'] for r in records if 'tokens_per_s' in r)
     final = [r for r in records if 'val_loss' in r][-1]
-    print(f"{name}: {np.median(speeds):,.0f} tokens/s trained on (padding left out), val loss {final['val_loss']:.4f} "
-          f"after {steps} steps of 8 rows of 256")
+    official = f" (the official code's convention: {final['val_loss_official']:.4f})" if 'val_loss_official' in final else ''
+    print(f"{name}: {np.median(speeds):,.0f} tokens/s trained on (padding left out), val loss {final['val_loss']:.4f}"
+          f"{official} after {steps} steps of 8 rows of 256")

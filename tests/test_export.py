@@ -106,3 +106,50 @@ def test_the_exported_tokenizer_gives_the_runs_own_tokens(encoding, tmp_path):
         ids = ours.encode_to_numpy(text, disallowed_special=()).tolist()
         assert theirs.encode(text) == ids and theirs.decode(ids) == text
     assert theirs.eos_token_id == ours.eot_token
+
+
+def llama_folder(folder, **settings):
+    """A small random Llama saved by the installed transformers itself (5.x: rope_theta in rope_parameters)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                         max_position_embeddings=32, **settings)
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+def test_an_imported_llama_keeps_its_rope_theta_wherever_transformers_writes_it(tmp_path):
+    import export
+    theirs = llama_folder(tmp_path / 'llama', rope_theta=5e5)
+    assert 'rope_parameters' in json.loads((tmp_path / 'llama' / 'config.json').read_text())  # transformers 5's layout
+    ours, _ = export.import_llama(str(tmp_path / 'llama'))
+    assert ours.config.rope_theta == 5e5
+    idx = torch.randint(0, 64, (2, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(ours.eval()(idx)[0], theirs(idx).logits, rtol=1e-5, atol=1e-5)
+    config = json.loads((tmp_path / 'llama' / 'config.json').read_text())  # transformers 4's layout: at the top
+    config['rope_theta'] = config.pop('rope_parameters')['rope_theta']
+    (tmp_path / 'llama' / 'config.json').write_text(json.dumps(config))
+    assert export.import_llama(str(tmp_path / 'llama'))[0].config.rope_theta == 5e5
+
+
+@pytest.mark.parametrize('settings,message', [
+    (dict(attention_bias=True), "attention_bias=True: nanoCoLA's model has no biases"),
+    (dict(mlp_bias=True), "mlp_bias=True: nanoCoLA's model has no biases"),
+    (dict(rope_scaling={'rope_type': 'linear', 'factor': 2.0}), "rope_parameters={'factor': 2.0, "),
+    (dict(head_dim=8), 'head_dim=8: nanoCoLA\'s model has hidden_size / num_attention_heads (64 / 4)'),
+    (dict(num_key_value_heads=2), 'num_key_value_heads=2: nanoCoLA\'s model has one KV head per query head (4)'),
+    (dict(tie_word_embeddings=True), "tie_word_embeddings=True: nanoCoLA's model has an output layer of its own"),
+    (dict(hidden_act='gelu'), "hidden_act='gelu'"),
+])
+def test_an_import_refuses_in_one_line_each_setting_the_model_lacks(tmp_path, settings, message):
+    llama_folder(tmp_path / 'llama', **settings)
+    refused(run(tmp_path, 'export.py', '--import_dir=llama', '--out_dir=back', '--encoding=byte', check=False), message)
+    assert not (tmp_path / 'back').exists()
+    config = json.loads((tmp_path / 'llama' / 'config.json').read_text())
+    if 'rope_scaling' in settings:  # transformers 4 wrote it at the top level
+        config['rope_scaling'], config['rope_parameters'] = {'type': 'linear', 'factor': 2.0}, {'rope_theta': 1e4}
+        (tmp_path / 'llama' / 'config.json').write_text(json.dumps(config))
+        refused(run(tmp_path, 'export.py', '--import_dir=llama', '--out_dir=back', '--encoding=byte', check=False),
+                "rope_scaling={'type': 'linear', 'factor': 2.0}: nanoCoLA's model has plain RoPE")

@@ -77,3 +77,41 @@ def test_lm_eval_scores_through_nanocola_equal_its_hf_model_on_the_runs_export(e
             elif isinstance(value, float):
                 assert value == pytest.approx(theirs[task][metric], rel=1e-4)
     assert any(answer != [['']] for answer in our_answers['generation'])  # it generated something
+
+
+def requests(kind, *arguments):
+    from lm_eval.api.instance import Instance
+    return [Instance(request_type=kind, doc={}, arguments=a, idx=i) for i, a in enumerate(arguments)]
+
+
+def test_at_the_limits_nanocola_answers_as_the_hf_model_or_better_and_refuses_the_impossible_in_one_line(exported, capsys,
+                                                                                                      monkeypatch):
+    """Block size 32. lm-eval's hf model on the export is the reference where it answers; where it stops with an
+    assertion (no room to generate, a context of only spaces, a continuation no window holds), nanocola refuses in
+    one line or, for the spaces, scores as lm-eval scores an empty context."""
+    from lm_eval.models.huggingface import HFLM
+    monkeypatch.chdir(exported)
+    ours = evaluate.NanoCoLA('lm-full', batch_size=2)
+    theirs = HFLM(pretrained=str(exported / 'lm-full-hf'), dtype='float32', device='cpu', batch_size=2)
+    long_context = 'the cat sees the sea. ' * 8  # 176 bytes: cut on the left by both
+    fits = requests('generate_until', (long_context, {'until': ['\n\n'], 'max_gen_toks': 31, 'do_sample': False}))
+    assert ours.generate_until(fits) == theirs.generate_until(fits)
+    no_room = requests('generate_until', ('the cat', {'until': ['\n\n'], 'max_gen_toks': 32, 'do_sample': False}))
+    with pytest.raises(AssertionError, match='must be less than'):
+        theirs.generate_until(no_room)
+    with pytest.raises(SystemExit, match=r'^generate_until: max_gen_toks=32 leaves no room .* block_size=32: expected 1 to 31'):
+        ours.generate_until(no_room)
+    empty = requests('loglikelihood', ('', ' the sea'), ('', 'the cat sees'))
+    np.testing.assert_allclose(ours.loglikelihood(empty), theirs.loglikelihood(empty), rtol=1e-5)
+    spaces = requests('loglikelihood', ('   ', 'the sea'))
+    with pytest.raises(AssertionError):
+        theirs.loglikelihood(spaces)
+    assert ours.loglikelihood(spaces) == pytest.approx(theirs.loglikelihood(requests('loglikelihood', ('', '   the sea'))))
+    too_long = requests('loglikelihood', ('the', ' cat' * 9))  # 36 continuation tokens
+    with pytest.raises(AssertionError):
+        theirs.loglikelihood(too_long)
+    with pytest.raises(SystemExit, match='a continuation of 36 tokens .* expected at most block_size=32'):
+        ours.loglikelihood(too_long)
+    capsys.readouterr()
+    assert len(ours.generate_until(requests('generate_until', ('', {'until': ['.'], 'max_gen_toks': 4})))) == 1
+    assert 'an empty context: generating after the end-of-text token' in capsys.readouterr().err

@@ -251,3 +251,12 @@ def test_the_paper_recipe_leaves_out_documents_with_nothing_to_predict(tmp_path,
     assert r.returncode == 0, r.stderr
     rows = np.concatenate([read_shard(p) for p in sorted((tmp_path / 'out').glob('*.bin'))]).reshape(-1, 8)
     assert len(rows) == 2 and all((row != 0).sum() >= 2 for row in rows)  # the empty one, its end token alone, is gone
+
+
+def test_the_paper_recipes_rows_are_the_official_pipelines_whatever_transformers_is_installed():
+    """Rows recorded from the official call under transformers 4.48.3 (tests/fixtures/t5_like/official_rows.json) on
+    documents with newlines, runs of spaces, literal special tokens, an empty one and one cut short."""
+    from shards import get_encoding
+    folder = os.path.join(ROOT, 'tests', 'fixtures', 't5_like')
+    recorded = json.load(open(os.path.join(folder, 'official_rows.json')))
+    assert get_encoding('hf:' + folder).rows(recorded['documents'], 16) == recorded['rows']

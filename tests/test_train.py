@@ -408,11 +408,20 @@ def test_the_paper_recipes_padding_is_no_target_in_the_loss_the_evaluation_or_to
     first = train_rows[np.random.default_rng([seed, 0]).permutation(len(train_rows))[:B]]
     k = int(np.searchsorted(np.cumsum((val_rows[:, 1:] != 0).sum(1)), 300)) + 1  # rows holding 300 real targets
     evaluated = val_rows[:-(-k // B) * B]
-    run(paper_data, 'train.py', *settings, '--out_dir=paper-run')
+    run(paper_data, 'train.py', *settings, '--out_dir=paper-run', '--official_val_loss=True')
     losses, val = train_log(paper_data / 'paper-run')
     assert losses[1] == pytest.approx(by_hand(first), rel=1e-5) and val[0] == pytest.approx(by_hand(evaluated), rel=1e-5)
     record = next(json.loads(line) for line in open(paper_data / 'paper-run' / 'log.jsonl') if '"val_ppl"' in line)
     assert record['val_ppl'] == pytest.approx(np.exp(record['val_loss']))
+    total, batches, seen = 0.0, 1, 0  # the official evaluate_model's loop, as written there
+    for start in range(0, len(val_rows) - B + 1, B):
+        if seen > 300:
+            break
+        batches += 1
+        total += by_hand(val_rows[start:start + B])
+        seen += (val_rows[start:start + B] != 0).sum()  # input_ids that are not padding
+    assert record['val_loss_official'] == pytest.approx(total / batches, rel=1e-5)
+    assert abs(record['val_loss_official'] - record['val_loss']) > 1e-3  # the two conventions differ
     step = next(json.loads(line) for line in open(paper_data / 'paper-run' / 'log.jsonl') if '"tokens_per_s"' in line)
     real = (first[:, 1:] != 0).sum()  # tokens/s counts these, not the step's B x 31 positions
     assert step['tokens_per_s'] == pytest.approx(real / (step['ms_per_iter'] / 1000), rel=1e-6)
