@@ -83,13 +83,20 @@ def configure(settings, argv):
 
 
 def setting_comments(path):
-    """The comment beside each module-level setting of a script (`name = value  # comment`): its meaning."""
+    """The comment beside each module-level setting of a script (`name = value  # comment`): its meaning, with the
+    comment-only lines right below it that continue it (`#` then the spaces that line them up)."""
     if not path or not os.path.isfile(path):
         return {}
-    found = {}  # name -> (indentation, comment): an unindented setting wins over one under `if __name__ ...`
-    for m in map(re.compile(r"^( *)(\w+) = .*?  # (.*)$").match, open(path, encoding='utf-8')):
+    found, last = {}, None  # name -> (indentation, comment): an unindented setting wins over one under `if __name__ ...`
+    for line in open(path, encoding='utf-8'):
+        m = re.match(r"^( *)(\w+) = .*?  # (.*)$", line)
+        more = re.match(r"^( *)#  +(\S.*)$", line)
         if m and len(m.group(1)) < found.get(m.group(2), (99,))[0]:
-            found[m.group(2)] = len(m.group(1)), m.group(3)
+            found[m.group(2)], last = (len(m.group(1)), m.group(3)), m.group(2)
+        elif more and last and len(more.group(1)) == found[last][0]:
+            found[last] = found[last][0], found[last][1] + ' ' + more.group(2)
+        else:
+            last = None
     return {name: comment for name, (_, comment) in found.items()}
 
 

@@ -37,6 +37,7 @@ DLR is folded first (the same function). Writes out_dir/evaluate.json: per task 
 perplexity where the task has them), items and chance.
 """
 
+import glob
 import json
 import os
 import re
@@ -253,6 +254,13 @@ def last_word_items(tokens, enc, rng):
 
 # ----------------------------------------------------------------------------- scoring through lm-eval
 
+def local_data_files(name):
+    """The data files that tasks/<name>.yaml reads (paths relative to where lm-eval runs)."""
+    path = os.path.join(TASKS_DIR, name + '.yaml')
+    lines = open(path).read().splitlines() if os.path.exists(path) else []
+    return [m.group(1) for m in map(re.compile(r'^\s+\w+: (data/tasks/\S+)$').match, lines) if m]
+
+
 def score(lm, names, folder, scratch):
     """({task: {metric: value, items, chance}}, {task: lm-eval's per-item samples}) for the task names given; the
     built-in tasks' items written to scratch first."""
@@ -279,6 +287,11 @@ def score(lm, names, folder, scratch):
         loaded = manager.load(specs)  # reads each task's data: the hub's, or files on disk
     except Exception as e:  # no network, a missing file, a file of another format
         why = str(e).strip().splitlines()[0][:200] if str(e).strip() else ''
+        missing = [(name, f) for name in names for f in local_data_files(name) if not glob.glob(f)]
+        if missing:
+            name, path = missing[0]
+            raise SystemExit(f"tasks={name!r}: no file {path} in {os.getcwd()}: the published data that "
+                             f"{TASKS_DIR}/{name}.yaml reads, which says how to get it") from None
         raise SystemExit(f"tasks={','.join(names)!r}: could not read a task's data ({type(e).__name__}: {why}); offline, use "
                          f"<task>_local with the published files under data/tasks/ ({TASKS_DIR}/*_local.yaml say which)") from None
     results = simple_evaluate(model=lm, tasks=list(loaded['tasks'].values()), limit=limit or None, bootstrap_iters=0,
@@ -298,6 +311,12 @@ def score(lm, names, folder, scratch):
 
 if __name__ == '__main__':
     if sys.argv[1:2] == ['lm_eval']:  # lm-eval's own command line, with nanocola registered
+        asked = ' '.join(sys.argv[sys.argv.index('--tasks') + 1:] if '--tasks' in sys.argv else [])
+        built_in = [name for name in BUILT_IN if re.search(rf'(^|[\s,]){name}([\s,]|$)', asked)]
+        if built_in:  # their items are made from a run's validation split, which lm-eval's command line cannot give
+            raise SystemExit(f"--tasks {built_in[0]}: the built-in tasks are made from a run's own validation split: "
+                             f"python evaluate.py --out_dir=RUN --tasks={','.join(built_in)} (--include_path tasks "
+                             f"serves the *_local tasks)")
         from lm_eval.__main__ import cli_evaluate
         sys.argv = ['lm_eval'] + sys.argv[2:]
         cli_evaluate()

@@ -44,6 +44,8 @@ checkpoint_name = 'ckpt.pt'  # 'ckpt.pt' (the latest state) or 'best.pt'
 export_dir = ''  # the folder to write; it must not exist yet or be empty
 import_dir = ''  # instead: a Hugging Face LlamaForCausalLM folder to make out_dir/ckpt.pt from
 encoding = ''  # with import_dir: the encoding of the data it will train on ('gpt2', 'byte'; '' = its own tokenizer)
+data_dir = 'data/c4'  # with import_dir: the token shards the printed train.py command trains on
+max_iters = 1000  # with import_dir: the steps the printed train.py command trains
 
 
 def llama_modules(config):
@@ -209,10 +211,12 @@ def write_import():
     os.makedirs(out_dir, exist_ok=True)
     write_durably(path, lambda f: torch.save(state, f))
     c = model.config
-    print(f"wrote {path} from {import_dir}: continue with python train.py --out_dir={out_dir} --init_from=resume "
-          f"--rank={c.rank} --only_lr_act={c.only_lr_act} --n_layer={c.n_layer} --n_head={c.n_head} --n_embd={c.n_embd} --intermediate_size={c.intermediate_size} "
-          f"--vocab_size={c.vocab_size} --block_size={c.block_size} --data_dir=<a folder of {enc} tokens>")
-
+    print(f"wrote {path} from {import_dir}; train it on {data_dir}/ (whose encoding must be {enc}) with:\n"
+          f"python train.py --out_dir={out_dir} --init_from=resume --data_dir={data_dir} --max_iters={max_iters} "
+          f"--lr_decay_iters={max_iters} --warmup_iters={max_iters // 10} --rank={c.rank} --only_lr_act={c.only_lr_act} "
+          f"--n_layer={c.n_layer} --n_head={c.n_head} --n_embd={c.n_embd} --intermediate_size={c.intermediate_size} "
+          f"--vocab_size={c.vocab_size} --block_size={c.block_size} --norm_eps={c.norm_eps} --rope_theta={c.rope_theta}\n"
+          f"(add --batch_size, --learning_rate and the rest of your recipe: train.py's defaults are CoLA-60M's)")
 
 if __name__ == '__main__':
     globals().update(configure(public_settings(globals()), sys.argv[1:]))

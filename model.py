@@ -391,15 +391,15 @@ class Transformer(nn.Module):
             n -= self.tok_emb.weight.numel() + self.lm_head.weight.numel()
         return n
 
-    def flops_per_token(self, seq_len, batch_size=1):
+    def flops_per_token(self, seq_len, batch_size=1, recomputation=True):
         """Training FLOPs per token, from the layers as they are now: per matmul multiply-add 2 forward, 2
         for the input's gradient and 2 for the weight's (a projection's multiply-adds per token are its
         parameter count for nn.Linear, CoLA, TSVD and Low-Rank; SLTrain multiplies by its dense W; ReLoRA's
         frozen W gets no weight gradient: 4); attention's scores and mixing (4 * seq_len * d forward, over
         the whole T x T square, as FlopCounterMode counts it; 2x that in backward); SLTrain's rebuild of W
-        once per forward call, shared by its batch_size x seq_len tokens; plus what the checkpointing
-        recomputes in backward. Elementwise work is not counted. Recomputation is included, so MFU from
-        this is what the hardware does (HFU in PaLM's terms)."""
+        once per forward call, shared by its batch_size x seq_len tokens; plus, with recomputation, what the
+        checkpointing recomputes in backward (the hardware's FLOPs: HFU in PaLM's terms; without, the model's:
+        MFU). Elementwise work is not counted."""
         c = self.config
         attention = 4 * seq_len * c.n_embd
         total = 6 * c.n_embd * c.vocab_size
@@ -410,6 +410,8 @@ class Transformer(nn.Module):
             frozen = sum(p.numel() for proj in projections for p in proj.parameters() if not p.requires_grad)
             rebuild = sum(proj.rebuild_flops() for proj in projections if isinstance(proj, sltrain.SLTrainLinear))
             total += 6 * multiply_adds - 2 * frozen + 3 * attention + rebuild / (batch_size * seq_len)
+            if not recomputation:
+                continue
             if c.checkpointing == 'full':  # the whole block's forward again
                 total += 2 * multiply_adds + attention + rebuild / 3 / (batch_size * seq_len)
             elif c.checkpointing == 'cola-m':  # attention and the up-projections inside the checkpoints (not o's, down's)

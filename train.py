@@ -46,6 +46,7 @@ start_over = False  # True: init_from='scratch' into an out_dir that holds a run
 always_save_checkpoint = True  # the latest state, at every evaluation
 keep_best = True  # also keep the state with the best validation loss as best.pt
 keep_checkpoints = False  # also keep every evaluation's state as ckpt_{iter}.pt: a trajectory for analyze.py
+measure_only = False  # True: time the training steps only: no evaluation (nor its compiled graph), no checkpoint
 wandb_log = False  # also log to Weights & Biases
 wandb_project = 'nanocola'  # the W&B project
 wandb_run_name = 'run'  # the W&B run's name
@@ -509,7 +510,8 @@ if master:
         wandb.init(project=wandb_project, name=wandb_run_name, config=config)
 gpu_name = torch.cuda.get_device_name(device) if device_type == 'cuda' else ''
 peak_flops = next((v for k, v in PEAK_FLOPS.items() if k in gpu_name), None)
-flops_per_step = raw_model.flops_per_token(block_size, batch_size) * tokens_per_step
+flops_per_step = raw_model.flops_per_token(block_size, batch_size) * tokens_per_step  # recomputation included
+model_flops_per_step = raw_model.flops_per_token(block_size, batch_size, recomputation=False) * tokens_per_step
 
 
 def record(entry):
@@ -524,6 +526,7 @@ def record(entry):
 
 
 stop_requested = None  # the signal that asked this run to stop
+resident_memory = None  # GiB allocated between steps on CUDA (peak minus this: activations, logits, gradients)
 
 
 def request_stop(signum, frame):
@@ -571,6 +574,14 @@ if projection == 'tsvd' and tsvd_interval >= max_iters:
 if mlp == 'elas' and elas_warmup_iters >= max_iters:
     misfit(f"elas_warmup_iters={elas_warmup_iters}: ELAS's 2:4 sparsity never switches on; set "
            f"--elas_warmup_iters={max_iters // 10} (the paper's 1,000 of 10,000 steps)")
+if lr_decay_iters > max_iters:  # a shortened run: the methods' schedules were set, as the learning rate's, for longer
+    for name, value, on in [('galore_update_interval', galore_update_interval, config['optimizer'] != 'adamw'),
+                            ('relora_interval', relora_interval, projection == 'relora'),
+                            ('tsvd_interval', tsvd_interval, projection == 'tsvd'),
+                            ('elas_warmup_iters', elas_warmup_iters, mlp == 'elas')]:
+        if on and value < max_iters and round(value * max_iters / lr_decay_iters) != value:
+            misfit(f"{name}={value}, set for lr_decay_iters={lr_decay_iters} steps, falls at {value / max_iters:.0%} of "
+                   f"this run; set --{name}={max(1, round(value * max_iters / lr_decay_iters))} to keep its share")
 targets_seen = torch.zeros((), device=device, dtype=torch.long)  # since the last log
 process_start = t0 = time.time()
 x, y = train_batch(data_position, 0)  # the first micro-batch; each next one loads while the current one computes
@@ -583,7 +594,7 @@ while True:
         elas.set_sparsity(raw_model, iter_num >= elas_warmup_iters)
 
     # 2. evaluate and checkpoint, every eval_interval steps and at the end
-    if iter_num % eval_interval == 0 or iter_num >= max_iters:
+    if not measure_only and (iter_num % eval_interval == 0 or iter_num >= max_iters):
         val_loss = evaluate()
         stop_if_not_finite(val_loss, 'the validation loss')
         official = {'val_loss_official': evaluate_official()} if official_val_loss else {}
@@ -621,6 +632,8 @@ while True:
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    if device_type == 'cuda' and iter_num == start_iter:  # weights and optimizer states: what stays between steps
+        resident_memory = torch.cuda.memory_allocated(device) / 2**30
     iter_num += 1
     data_position += sequences_per_step
     flops_spent += flops_per_step
@@ -636,6 +649,7 @@ while True:
         if ranks:  # new ranks, new parameter tensors
             model = wrap(core)  # DDP around the new shapes
             flops_per_step = raw_model.flops_per_token(block_size, batch_size) * tokens_per_step
+            model_flops_per_step = flops_per_step  # (TSVD recomputes nothing)
             log(f"iter {iter_num}: TSVD ranks {min(ranks)}..{max(ranks)} (mean {sum(ranks) / len(ranks):.1f}), "
                 f"{raw_model.num_params() / 1e6:.3f}M non-embedding parameters, {flops_per_step / tokens_per_step / 1e6:.2f} "
                 f"MFLOPs per token (+{tsvd.retraction_flops(raw_model) / 1e6:.2f} MFLOPs per step to retract)")
@@ -656,7 +670,8 @@ while True:
         tokens_per_s = targets_seen.item() / (dt * (iter_num - timed_from))
         t0, timed_from = time.time(), iter_num
         targets_seen.zero_()
-        mfu = flops_per_step / dt / (peak_flops * world_size) if peak_flops else None
+        mfu = model_flops_per_step / dt / (peak_flops * world_size) if peak_flops else None  # the model's FLOPs
+        hfu = flops_per_step / dt / (peak_flops * world_size) if peak_flops and checkpointing != 'none' else None
         memory = torch.cuda.max_memory_allocated(device) / 2**30 if device_type == 'cuda' else None
         eta = trained_s / (iter_num - start_iter) * (max_iters - iter_num)  # the whole run's rate, steadier than the last interval's
         if device_type == 'cpu' and dt > 3 * fastest_dt and not slow_told:  # the same steps, 3x slower: not the model
@@ -666,10 +681,12 @@ while True:
         fastest_dt = min(fastest_dt, dt)
         log(f"iter {iter_num}/{max_iters}: loss {loss_value:.4f}, lr {lr:.2e}, grad norm {grad_norm.item():.3f}, "
             f"{dt * 1000:.0f} ms/iter, {tokens_per_s:,.0f} tokens/s"
-            + (f", MFU {mfu:.1%}" if mfu else '') + (f", peak memory {memory:.1f} GiB" if memory else '')
+            + (f", MFU {mfu:.1%}" if mfu else '') + (f" (HFU, recomputation counted, {hfu:.1%})" if hfu else '')
+            + (f", peak memory {memory:.1f} GiB" if memory else '')
             + f", eta {int(eta // 3600)}h{int(eta % 3600 // 60):02d}m")
         record({'iter': iter_num, 'loss': loss_value, 'lr': lr, 'grad_norm': grad_norm.item(), 'ms_per_iter': dt * 1000,
-                'tokens_per_s': tokens_per_s, 'mfu': mfu, 'peak_memory_gib': memory,
+                'tokens_per_s': tokens_per_s, 'mfu': mfu, 'hfu': hfu, 'peak_memory_gib': memory,
+                'resident_memory_gib': resident_memory,
                 **({'sparse_24': iter_num - 1 >= elas_warmup_iters} if mlp == 'elas' else {})})
 
     # 7. a stop signal: this step's state saved, then out; under torchrun the processes agree at each log
@@ -681,13 +698,18 @@ while True:
             dist.all_reduce(stopping, op=dist.ReduceOp.MAX)
         stopping = bool(stopping is not None and stopping.item())
     if stopping and iter_num < max_iters:
+        if measure_only:
+            raise SystemExit(f"{stop_requested or 'a stop signal'}: stopped after iter {iter_num} (measure_only: nothing saved)")
         save_checkpoint(checkpoint_path)
         raise SystemExit(f"{stop_requested or 'a stop signal'}: stopped after iter {iter_num}, saved in {checkpoint_path}; "
                          f"continue with the same command and --init_from=resume")
 
-log(f"done: {iter_num} steps, checkpoint in {checkpoint_path}"
-    + (f" (best validation loss {best_val_loss:.4f} in {out_dir}/best.pt)" if keep_best and best_val_loss < float('inf') else '')
-    + f"; generate text with: python sample.py --out_dir={out_dir}")
+if measure_only:
+    log(f"done: {iter_num} steps measured (measure_only: nothing evaluated or saved)")
+else:
+    log(f"done: {iter_num} steps, checkpoint in {checkpoint_path}"
+        + (f" (best validation loss {best_val_loss:.4f} in {out_dir}/best.pt)" if keep_best and best_val_loss < float('inf') else '')
+        + f"; generate text with: python sample.py --out_dir={out_dir}")
 if distributed:  # drop the wrapped model and line the processes up before tearing down (clean exit with gloo)
     del model
     dist.barrier()

@@ -29,13 +29,23 @@ TINY_TRAIN = ['--n_layer=2', '--n_head=2', '--n_embd=64', '--intermediate_size=1
               '--eval_tokens=1024', '--log_interval=1', '--device=cpu', '--dtype=float32', '--compile_model=False']
 
 
-def gpt2_available():
-    try:
-        import tiktoken
-        tiktoken.get_encoding('gpt2')
-        return True
-    except Exception:
-        return False
+def gpt2_available(timeout_s=20):
+    """Whether tiktoken's gpt2 files load: from TIKTOKEN_CACHE_DIR, or a download that a machine without a network
+    may never end (tiktoken sets no timeout), so given timeout_s in a thread of its own."""
+    import threading
+    found = []
+
+    def load():
+        try:
+            import tiktoken
+            tiktoken.get_encoding('gpt2')
+            found.append(True)
+        except Exception:
+            pass
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return bool(found)
 
 
 # Tests that encode with GPT-2's BPE need its files: online, or in TIKTOKEN_CACHE_DIR (CI: ../shared/tiktoken).

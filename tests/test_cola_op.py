@@ -119,6 +119,25 @@ def test_cuda_kernels_match_reference(dtype):
     check_against_reference((8, 256), 768, 256, 2048, dtype, device='cuda')
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize('checkpointing', ['none', 'cola-m'])
+def test_a_compiled_cola_model_trains_a_bf16_step_on_the_gpu(checkpointing):
+    """What train.py runs on a GPU, at 2 layers: torch.compile (Inductor, the custom op, CoLA-M's selective
+    checkpoint), bf16 autocast, a backward and an AdamW step; the loss near the eager one's and finite gradients."""
+    torch.manual_seed(0)
+    model = Transformer(replace(TINY, n_embd=256, n_head=4, intermediate_size=688, rank=64, block_size=128,
+                                checkpointing=checkpointing)).cuda()
+    idx = torch.randint(0, TINY.vocab_size, (4, 128), device='cuda')
+    with torch.autocast('cuda', dtype=torch.bfloat16):
+        _, eager_loss = model(idx, idx)
+        _, loss = torch.compile(model)(idx, idx)
+    loss.backward()
+    optimizer = model.configure_optimizers(0.0, 1e-3, (0.9, 0.95), 'cuda')
+    optimizer.step()
+    assert abs(loss.item() - eager_loss.item()) < 2e-2 * eager_loss.item()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+
+
 def test_the_kernel_benchmark_says_it_needs_a_gpu():
     if torch.cuda.is_available():
         pytest.skip('this machine has a GPU')

@@ -89,7 +89,14 @@ def test_bad_tasks_and_settings_are_one_line_errors(trained, args, message):
 def test_a_local_task_without_its_files_says_where_they_go(trained, tmp_path):
     (tmp_path / 'ev').symlink_to(trained / 'ev')
     refused(run(tmp_path, 'evaluate.py', '--out_dir=ev', '--tasks=piqa_local', check=False),
-            "tasks='piqa_local': could not read a task's data")
+            f"tasks='piqa_local': no file data/tasks/piqa/piqa_validation.parquet in {tmp_path}: the published data that")
+
+
+def test_the_built_in_tasks_through_lm_evals_command_line_name_the_way_that_makes_their_items(trained):
+    refused(run(trained, 'evaluate.py', 'lm_eval', 'run', '--model', 'nanocola', '--model_args', 'out_dir=ev',
+                '--include_path', 'tasks', '--tasks', 'piqa_local', 'next_passage', check=False),
+            "--tasks next_passage: the built-in tasks are made from a run's own validation split: "
+            "python evaluate.py --out_dir=RUN --tasks=next_passage")
 
 
 def test_evaluate_py_scores_a_paper_recipe_run_with_its_own_tokenizer(paper_data):

@@ -153,3 +153,15 @@ def test_an_import_refuses_in_one_line_each_setting_the_model_lacks(tmp_path, se
         (tmp_path / 'llama' / 'config.json').write_text(json.dumps(config))
         refused(run(tmp_path, 'export.py', '--import_dir=llama', '--out_dir=back', '--encoding=byte', check=False),
                 "rope_scaling={'type': 'linear', 'factor': 2.0}: nanoCoLA's model has plain RoPE")
+
+
+def test_the_imports_printed_train_command_runs_as_printed(data):
+    import shlex
+    import sys
+    run(data, 'train.py', *TINY_TRAIN, '--data_dir=data', '--out_dir=printed', '--max_iters=2', '--eval_interval=2')
+    run(data, 'export.py', '--out_dir=printed', '--export_dir=printed-hf')
+    r = run(data, 'export.py', '--import_dir=printed-hf', '--out_dir=printed-back', '--data_dir=data', '--max_iters=2')
+    command = shlex.split(r.stdout.splitlines()[1])
+    assert command[:2] == ['python', 'train.py'] and '--max_iters=2' in command and '--rank=16' in command
+    trained = run(data, 'train.py', *command[2:])  # as printed, with the repository's train.py
+    assert 'resumed from printed-back/ckpt.pt at iter 0' in trained.stdout and 'done: 2 steps' in trained.stdout

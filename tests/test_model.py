@@ -175,6 +175,13 @@ def test_merged_down_projections_compute_the_separate_layers_function_and_gradie
                                                      for w in 'AB'}  # the layers and their names stay separate
 
 
+@pytest.mark.parametrize('mode', ['full', 'cola-m'])
+def test_model_flops_leave_out_what_checkpointing_recomputes(mode):
+    config = replace(TINY, checkpointing=mode)
+    assert build(config).flops_per_token(32, recomputation=False) == build(replace(config, checkpointing='none')).flops_per_token(32)
+    assert build(config).flops_per_token(32) > build(config).flops_per_token(32, recomputation=False)
+
+
 def test_cola_m_recomputes_under_a_quarter_of_full_rank_checkpointing_at_1b():
     config = ModelConfig(vocab_size=64, n_layer=1, **SHAPES_1B)
     _, cola_m = measure_flops(replace(config, checkpointing='cola-m'), seq_len=256)

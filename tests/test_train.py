@@ -46,6 +46,15 @@ def test_a_shortened_run_names_each_schedule_that_no_longer_fits_and_its_fix(dat
         assert any(misfit in line for line in lines), (misfit, out)
 
 
+def test_a_shortened_run_names_each_method_schedule_that_keeps_the_long_runs_steps(data):
+    # config/cpu_tiny.py's schedules, 10% of 300 steps, in a run of 60: each would fall at 50% of it
+    out = run(data, 'train.py', *TINY, '--data_dir=data', '--out_dir=short-share', '--max_iters=60', '--lr_decay_iters=300',
+              '--projection=relora', '--relora_interval=30', '--relora_restart_warmup=3', '--eval_tokens=128',
+              '--eval_interval=1000').stdout
+    assert ('max_iters=60 and relora_interval=30, set for lr_decay_iters=300 steps, falls at 50% of this run; '
+            'set --relora_interval=6 to keep its share') in out
+
+
 def test_resume_gives_exactly_the_losses_of_an_uninterrupted_run(data):
     common = [*TINY, '--data_dir=data', '--eval_interval=10', '--gradient_accumulation_steps=2']
     run(data, 'train.py', *common, '--out_dir=straight', '--max_iters=20')
@@ -331,6 +340,9 @@ def test_help_prints_the_docstring_and_every_setting_with_its_default_and_meanin
     assert r.stdout.startswith(first_line) and f'  {setting}  ' in r.stdout and r.stderr == ''
     for line in (line for line in r.stdout.splitlines() if line.startswith('  --')):  # '  --key=default  meaning'
         assert line.strip().partition('  ')[2].strip(), f"{script} --help: {line.strip()} has no meaning"
+        meaning = line.strip().partition('  ')[2]
+        assert meaning.count('(') == meaning.count(')') and not meaning.endswith((' the', ' a', ' of')), \
+            f"{script} --help: {line.strip()} is cut short"
 
 
 def test_the_first_line_names_the_method_and_the_last_says_where_the_checkpoint_is(data):
@@ -432,3 +444,11 @@ def test_the_paper_recipes_padding_is_no_target_in_the_loss_the_evaluation_or_to
     out = run(paper_data, 'sample.py', '--out_dir=paper-run', '--start=the cat', '--num_samples=1', '--max_new_tokens=5',
               '--device=cpu').stdout
     assert out.startswith('the cat')  # decoded with the run's own tokenizer
+
+
+def test_measure_only_times_every_step_and_writes_no_checkpoint_and_no_evaluation(data):
+    r = run(data, 'train.py', *TINY, '--data_dir=data', '--out_dir=measured', '--max_iters=3', '--measure_only=True',
+            '--checkpointing=cola-m')
+    records = [json.loads(line) for line in open(data / 'measured' / 'log.jsonl')]
+    assert [r['iter'] for r in records if 'tokens_per_s' in r] == [1, 2, 3] and not any('val_loss' in r for r in records)
+    assert not list((data / 'measured').glob('*.pt')) and 'nothing evaluated or saved' in r.stdout
