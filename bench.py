@@ -1,7 +1,7 @@
 """
 CoLA's efficiency claims, measured side by side: parameters, training FLOPs, activation memory,
-recomputation and throughput of full-rank, full-rank + 'full' checkpointing, CoLA, CoLA + 'full',
-CoLA-M, DLR, ELAS and TSVD (at its start rank, CoLA's) at the same shapes.
+recomputation and throughput of 13 variants at the same shapes: full-rank, full-rank + 'full' checkpointing, CoLA,
+CoLA + 'full', CoLA-M, DLR, ELAS, TSVD (at its start rank, CoLA's), GaLore, Fira, Low-Rank, SLTrain and ReLoRA.
 
     python bench.py                                          # 350m widths, 2 layers, on the CPU
     python bench.py --config=config/cola_1b.py --n_layer=0 --device=meta  # counts only (no timing), any size
@@ -9,6 +9,7 @@ CoLA-M, DLR, ELAS and TSVD (at its start rank, CoLA's) at the same shapes.
     python bench.py --generation --config=config/cola_1b.py  # KV-cached generation, CoLA against full-rank
     python bench.py --table=params                           # parameter counts of every config in config/
     python bench.py --table=memory                           # computed memory per GPU of every config
+    python bench.py --table=roofline                         # a model of a training step's speed on an H100 / H200
     python bench.py --elas_sparse                            # ELAS's FFN, 2:4 sparse kernels against dense (CUDA)
     python bench.py --sltrain_ways                           # SLTrain: dense rebuild against low-rank + sparse products
 
@@ -295,6 +296,59 @@ def memory_per_gpu_table(paths, gpus=8):
                   f"{(states + activations + logits) / 2**30:.1f} |", flush=True)
 
 
+GPUS = {'h100': (800e12, 3.0e12), 'h200': (800e12, 4.3e12)}  # measured dense bf16 FLOP/s, copy bandwidth in bytes/s
+
+
+def roofline_step(shape, tokens, gpu, checkpointing='none'):
+    """A model, not a measurement: seconds per token of one bf16 training step, from each matmul's time at the GPU's
+    dense rate or its bytes at the copy bandwidth, whichever is longer (x @ W, dx and dW: three GEMMs of the same
+    FLOPs and bytes), attention at the dense rate, and each elementwise pass's bytes (2 per element read or written) at
+    the copy bandwidth. Passes per layer and token, forward: norms 2d + 2d, RoPE 4d, residual adds 3d + 3d, SwiGLU's
+    product 3f; CoLA's SiLU 2 r-wide values per layer; backward twice the forward's, CoLA's fused pass 4 r-wide values
+    per layer. CoLA-M adds the forward's passes and products again, but for the o and down layers' up-products; the
+    optimizer step and the logits' passes (the same for every method) are left out. Returns (matmul s, elementwise s)."""
+    flops_rate, bandwidth = GPUS[gpu]
+    d, f, r, T = shape.n_embd, shape.intermediate_size, shape.rank, shape.block_size
+
+    def gemm(k, n, times=3):  # per token, for tokens rows
+        return times * max(2 * k * n / flops_rate, 2 * (tokens * k + k * n + tokens * n) / tokens / bandwidth)
+    if r:
+        downs = [(d, 3 * r), (d, r), (d, 2 * r), (f, r)]  # [A_q | A_k | A_v], A_o, [A_gate | A_up], A_down
+        ups = [(r, d)] * 4 + [(r, f)] * 2 + [(r, d)]  # q, k, v, o, gate, up, down
+        matmul = sum(gemm(k, n) for k, n in downs + ups)
+        recomputed = [(r, d)] * 3 + [(r, f)] * 2  # CoLA-M's forward again: the up-products inside its checkpoints
+    else:
+        matmul = sum(gemm(k, n) for k, n in [(d, d)] * 4 + [(d, f)] * 2 + [(f, d)])
+        recomputed = []
+    attention = 4 * T * d / flops_rate * 3  # scores and mixing, forward and twice that backward
+    shared = 14 * d + 3 * f  # values read or written per token by the forward's norms, RoPE, adds and SwiGLU product
+    silu = 14 * r  # CoLA's SiLU forward, 7 layers (0 for full-rank); its fused backward pass moves twice that
+    elementwise = 2 * (3 * shared + 3 * silu) / bandwidth
+    if checkpointing == 'cola-m':  # the forward again, but for o's and down's up-products (outside its checkpoints)
+        matmul += sum(gemm(k, n, times=1) for k, n in recomputed)
+        attention += 4 * T * d / flops_rate
+        elementwise += 2 * (shared + silu * 5 / 7) / bandwidth
+    head = 6 * d * shape.vocab_size / shape.n_layer / flops_rate  # the output layer's share per layer
+    return shape.n_layer * (matmul + attention + head), shape.n_layer * elementwise
+
+
+def roofline_table(paths):
+    """The roofline model of one training step per config: tokens/s it allows on an H100 and an H200, CoLA's and
+    CoLA-M's ratios, and where the time goes."""
+    lines = ['| size | micro-batch | GPU | full-rank tokens/s | CoLA tokens/s | CoLA / full-rank | CoLA-M / CoLA | '
+             "elementwise share of CoLA's step |", '|' + '---|' * 8]
+    for path in [p for p in paths if os.path.basename(p).startswith('cola_')]:
+        shape, settings = config_shape(path, vocab_size=50304)
+        tokens = settings.get('batch_size', 64) * shape.block_size
+        for gpu in GPUS:
+            full, cola, cola_m = (sum(roofline_step(replace(shape, rank=rank), tokens, gpu, mode)) for rank, mode in
+                                  [(0, 'none'), (shape.rank, 'none'), (shape.rank, 'cola-m')])
+            share = roofline_step(shape, tokens, gpu)[1] / cola
+            lines.append(f"| {os.path.basename(path)[5:-3]} | {tokens // shape.block_size} x {shape.block_size} | {gpu} | "
+                         f"{1 / full:,.0f} | {1 / cola:,.0f} | {full / cola:.2f}x | {cola / cola_m:.2f}x | {share:.0%} |")
+    return '\n'.join(lines)
+
+
 def generation_benchmark(shape, device, ptdtype, batch, prompt_tokens, new_tokens):
     """Tokens/s of KV-cached greedy generation, and memory of weights plus KV cache, full-rank vs CoLA."""
     rows = {}
@@ -403,7 +457,8 @@ if __name__ == '__main__':
     warmup = 2  # untimed steps first
     compile_model = False  # torch.compile each variant
     as_json = False  # print JSON instead of Markdown
-    table = ''  # 'params' or 'memory': instead, parameter counts or computed memory per GPU of every config/ file
+    table = ''  # 'params', 'memory' or 'roofline': instead, parameter counts, computed memory per GPU or the roofline
+    #             model of a training step on an H100 and an H200, of every config/ file
     generation = False  # instead: KV-cached generation, CoLA against full-rank
     elas_sparse = False  # instead: ELAS's FFN with the 2:4 sparse kernels against dense (CUDA)
     sltrain_ways = False  # instead: SLTrain's dense rebuild against low-rank + sparse products
@@ -414,10 +469,11 @@ if __name__ == '__main__':
 
     configs = sorted(glob.glob(os.path.join(ROOT, 'config', 'full_*.py')) + glob.glob(os.path.join(ROOT, 'config', 'cola_*.py')),
                      key=lambda p: (['60m', '130m', '350m', '1b', '7b'].index(p.split('_')[-1][:-3]), p))
-    if table not in ('', 'params', 'memory'):
-        raise SystemExit(f"table={table!r}: expected 'params' or 'memory'")
+    if table not in ('', 'params', 'memory', 'roofline'):
+        raise SystemExit(f"table={table!r}: expected 'params', 'memory' or 'roofline'")
     if table:
-        print(params_table(configs)) if table == 'params' else memory_per_gpu_table(configs)
+        print(params_table(configs) if table == 'params' else roofline_table(configs) if table == 'roofline' else
+              memory_per_gpu_table(configs))
         sys.exit()
     if sltrain_ways:
         sltrain_ways_benchmark(device)

@@ -6,7 +6,7 @@ and how do the other low-rank methods compare?
 
     python prepare.py --input_files=assets/tinyshakespeare.txt --encoding=byte --out_dir=data/tiny
     python compare.py                           # the CPU default: 83 runs trained, about 3 h 40 min on 2 cores (docs/study.md)
-    python compare.py config/compare_quick.py   # a first look: one seed, no sweep, under 15 minutes
+    python compare.py config/compare_quick.py   # a first look: one seed, no sweep, about 16 minutes
     python compare.py config/compare_60m.py     # 60m shapes on C4, one GPU
 
 Every run is train.py on the same prepared data, with the same shapes and the paper's schedule shape

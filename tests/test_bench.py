@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 import torch
@@ -6,6 +7,7 @@ import torch.nn.functional as F
 from helpers import ROOT, run
 
 from bench import count_flops
+from model import Transformer
 
 
 def test_flop_counter_counts_a_plain_matmul():  # the counting helper against a count by hand
@@ -70,3 +72,15 @@ def test_params_table_lists_every_config_with_its_vocabulary():
     rows = [line for line in r.stdout.splitlines() if line.startswith('| config/')]
     assert len(rows) == 10 and all('| 50304 |' in row for row in rows)
     assert '| config/cola_1b.py | 2048 | 5461 | 32 | 24 | 512 | 50304 | 684.3 | 478.2 |' in rows
+
+
+@pytest.mark.parametrize('rank,mode', [(0, 'none'), (1024, 'none'), (1024, 'cola-m')])
+def test_the_roofline_models_compute_bound_matmuls_at_the_models_own_flop_count(rank, mode):
+    """At the 7b widths every GEMM is compute-bound, so the model's matmul and attention time is the model's training
+    FLOPs (recomputation included, model.flops_per_token) at the dense rate."""
+    from bench import GPUS, config_shape, roofline_step
+    shape, _ = config_shape(os.path.join(ROOT, 'config', 'cola_7b.py'), rank=rank, checkpointing=mode, vocab_size=50304)
+    with torch.device('meta'):
+        flops = Transformer(shape).flops_per_token(shape.block_size)
+    matmul_s, elementwise_s = roofline_step(shape, 8 * 256, 'h100', mode)
+    assert matmul_s == pytest.approx(flops / GPUS['h100'][0], rel=0.01) and elementwise_s > 0
