@@ -350,7 +350,7 @@ if __name__ == '__main__':
         print(json.dumps(report, indent=1))
     else:
         print('| task | items | acc | acc_norm | chance |\n|---|---|---|---|---|')
+        show = lambda s, key: f"{s[key]:.4f}" if key in s and (key != 'chance' or s[key]) else '-'  # noqa: E731  (a cloze: no chance)
         for name, s in scores.items():
-            norm = f"{s['acc_norm']:.4f}" if 'acc_norm' in s else '-'
-            print(f"| {name} | {s['items']} | {s['acc']:.4f} | {norm} | {s['chance']:.4f} |")
+            print(f"| {name} | {s['items']} | {show(s, 'acc')} | {show(s, 'acc_norm')} | {show(s, 'chance')} |")
         print(f"wrote {out_dir}/evaluate.json")

@@ -2,7 +2,7 @@
 Tokenise a corpus into token shards for train.py.
 
     python prepare.py                                   # English C4 from the hub (allenai/c4)
-    python prepare.py --train_shards=18                 # more C4 for bigger configs (README table)
+    python prepare.py --train_shards=18                 # more C4 for bigger configs (docs/training.md)
     python prepare.py --input_files='texts/*.txt' --encoding=byte --out_dir=data/mytext   # local files
     python prepare.py --recipe=paper --train_shards=15 --val_tokens=10_000_000 --out_dir=data/c4-t5  # the paper's data
 

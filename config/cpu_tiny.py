@@ -1,4 +1,4 @@
-# A tiny CoLA model that trains on 2 CPU cores in a few minutes, on the bytes of the Shakespeare in assets/.
+# A tiny CoLA model that trains on 2 idle CPU cores in about a minute, on the bytes of the Shakespeare in assets/.
 # Tokens per step: 1 process x 8 sequences x 1 micro-step x 256 tokens = 2,048; 300 steps = 614k tokens.
 # First tokenise the text as bytes, then train:
 #   python prepare.py --input_files=assets/tinyshakespeare.txt --encoding=byte --out_dir=data/tiny

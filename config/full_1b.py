@@ -1,6 +1,6 @@
 # Full-rank LLaMA-1B, the official CoLA recipe: the deltas from train.py's defaults (CoLA-60M's recipe).
 # torchrun --standalone --nproc_per_node=8 train.py config/full_1b.py
-# the paper's data (README, perplexity): python prepare.py --recipe=paper --train_shards=144 --val_tokens=10_000_000 --out_dir=data/c4-t5, then add --data_dir=data/c4-t5 --block_size=255 --vocab_size=32000
+# the paper's data (docs/training.md, perplexity): python prepare.py --recipe=paper --train_shards=144 --val_tokens=10_000_000 --out_dir=data/c4-t5, then add --data_dir=data/c4-t5 --block_size=255 --vocab_size=32000
 # tokens per step: 8 GPUs x 16 sequences x 4 micro-steps x 256 tokens = 131,072; 100,000 steps = 13.11B tokens
 out_dir, wandb_run_name = 'out-full-1b', 'full-1b'
 n_layer, n_head, n_embd, intermediate_size = 24, 32, 2048, 5461

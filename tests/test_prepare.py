@@ -260,3 +260,16 @@ def test_the_paper_recipes_rows_are_the_official_pipelines_whatever_transformers
     folder = os.path.join(ROOT, 'tests', 'fixtures', 't5_like')
     recorded = json.load(open(os.path.join(folder, 'official_rows.json')))
     assert get_encoding('hf:' + folder).rows(recorded['documents'], 16) == recorded['rows']
+
+
+def test_the_study_corpora_are_every_document_once_shuffled_and_nothing_is_overwritten(tmp_path):
+    folder = tmp_path / 'fortunes'
+    folder.mkdir()
+    (folder / 'wisdom').write_text('Know thyself.\n%\nLess is more.\n\t\t-- someone\n%\n')
+    (folder / 'wisdom.dat').write_bytes(b'\x00\x01 an index, not text')
+    (folder / 'wisdom.u8').write_text('Know thyself.\n%\n')  # the package's UTF-8 copy of the same file
+    r = run(tmp_path, os.path.join('assets', 'corpora.py'), 'fortunes', 'fortunes', 'out.txt')
+    assert r.stdout.startswith('out.txt: 2 of 2 fortunes documents')
+    assert sorted((tmp_path / 'out.txt').read_text().split('%\n')) == ['Know thyself.\n', 'Less is more.\n\t\t-- someone\n']
+    refused(run(tmp_path, os.path.join('assets', 'corpora.py'), 'fortunes', 'fortunes', 'out.txt', check=False),
+            "'out.txt' exists: remove it or name another output file")
