@@ -154,10 +154,10 @@ if device.split(':')[0] not in ('cpu', 'cuda') or (device.startswith('cuda') and
 distributed = 'RANK' in os.environ  # launched by torchrun
 if distributed:
     # torchrun starts each rank in a session of its own, so a launcher killed without passing a signal on (SIGKILL,
-    # the out-of-memory killer) would leave the ranks training unseen: on Linux the kernel sends them SIGTERM when it
+    # the out-of-memory killer) would leave the ranks training unseen: on Linux the kernel sends them SIGHUP when it
     # dies (they save their step and stop together, below), and a rank whose launcher is already gone stops now.
     try:
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None).prctl(1, signal.SIGHUP)  # PR_SET_PDEATHSIG
     except AttributeError:  # not Linux: docs/cluster.md says what to do
         pass
     if os.getppid() == 1:
@@ -540,8 +540,17 @@ def request_stop(signum, frame):
     stop_requested = signal.Signals(signum).name
 
 
+def launcher_gone(signum, frame):
+    """SIGHUP, which Linux sends a rank when torchrun's launcher dies (once per launcher thread that exits, so
+    perhaps several times): stop as a first SIGTERM asks, however many arrive."""
+    global stop_requested
+    stop_requested = stop_requested or "SIGHUP (torchrun's launcher died)"
+
+
 signal.signal(signal.SIGTERM, request_stop)
 signal.signal(signal.SIGINT, request_stop)
+if distributed:
+    signal.signal(signal.SIGHUP, launcher_gone)
 start_iter = timed_from = iter_num  # timed_from: the step where the current timing started
 trained_s = 0.0  # seconds spent in training steps (evaluations left out), for the ETA
 fastest_dt, slow_told = float('inf'), False  # for the one hint that the cores are busy elsewhere

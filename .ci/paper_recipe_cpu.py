@@ -6,7 +6,7 @@ the training documents: T5's own needs the hub). A document is a speech (the tex
 padding's share of the rows (the compute it wastes) at several row lengths, and each run's tokens/s over the tokens
 that are not padding and its validation loss (per token of its own vocabulary: not comparable between the two).
 
-    python .ci/paper_recipe_cpu.py [--steps=300]      # about 5 minutes on 2 idle cores
+    python .ci/paper_recipe_cpu.py [--steps=300]      # about 3 minutes on 2 idle cores
 """
 import json
 import os
