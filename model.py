@@ -12,8 +12,8 @@ gradient checkpoint: for backward it keeps only the residual stream and the r-wi
 z = x @ A, and recomputes everything else, which is cheap because only the up-projections B (and
 attention) are recomputed, never the down-projections A.
 
-Read top to bottom: config, building blocks (RMSNorm, RoPE, CoLALinear, attention, MLP), the
-CoLA-M checkpoint and the block, the model, and its helpers (parameter and FLOP counts, optimizer,
+Read top to bottom: config, building blocks (RMSNorm, RoPE, CoLALinear and its merged down products,
+attention, MLP), the CoLA-M checkpoint and the block, the model, and its helpers (parameter and FLOP counts, optimizer,
 generation, loading a checkpoint). The other methods around CoLA live whole in files of their own
 under methods/ and are switched on here in one place each: a ModelConfig key, and one branch in
 build_projection (the layers of TSVD, Low-Rank, SLTrain and ReLoRA) or Block (ELAS's MLP); GaLore and Fira

@@ -432,17 +432,22 @@ def evaluate_official():
     paper's tables: each batch's mean loss, summed and divided by the batches plus one (its counter starts at 1),
     over the batches taken until more than eval_tokens inputs that are not padding (counted times the processes)
     have been seen; then the mean over the processes. Which rows each process reads is ours (the same on one)."""
+    batch = lambda b: val_data.batch((b * world_size + rank_id) * batch_size, batch_size)  # noqa: E731
+    mine, seen = 0, 0  # this process's batches, counted first: the processes may need different numbers
+    while mine < val_data.n_sequences // (batch_size * world_size) and seen <= eval_tokens:
+        seen += (int((batch(mine)[1] >= 0).sum()) + batch_size) * world_size  # a row's inputs: its first token, targets
+        mine += 1
+    forwards = torch.tensor(mine, device=device)
+    if distributed:  # as many forwards on every process: DDP and FSDP communicate in each
+        dist.all_reduce(forwards, op=dist.ReduceOp.MAX)
     model.eval()
-    total, batches, seen = 0.0, 0, 0
-    for b in range(val_data.n_sequences // (batch_size * world_size)):
-        if seen > eval_tokens:
-            break
-        x, y = val_data.batch((b * world_size + rank_id) * batch_size, batch_size)
+    total = 0.0
+    for b in range(int(forwards)):
+        x, y = batch(b)
         with autocast:
             _, loss = model(x, y)
-        total, batches = total + loss.item(), batches + 1
-        seen += (int((y >= 0).sum()) + len(x)) * world_size  # a row's inputs: its first token and its targets' tokens
-    value = torch.tensor(total / (batches + 1), device=device, dtype=torch.float64)
+        total += loss.item() if b < mine else 0.0
+    value = torch.tensor(total / (mine + 1), device=device, dtype=torch.float64)
     if distributed:
         dist.all_reduce(value)
     model.train()
@@ -658,7 +663,7 @@ while True:
         if ranks:  # new ranks, new parameter tensors
             model = wrap(core)  # DDP around the new shapes
             flops_per_step = raw_model.flops_per_token(block_size, batch_size) * tokens_per_step
-            model_flops_per_step = flops_per_step  # (TSVD recomputes nothing)
+            model_flops_per_step = raw_model.flops_per_token(block_size, batch_size, recomputation=False) * tokens_per_step
             log(f"iter {iter_num}: TSVD ranks {min(ranks)}..{max(ranks)} (mean {sum(ranks) / len(ranks):.1f}), "
                 f"{raw_model.num_params() / 1e6:.3f}M non-embedding parameters, {flops_per_step / tokens_per_step / 1e6:.2f} "
                 f"MFLOPs per token (+{tsvd.retraction_flops(raw_model) / 1e6:.2f} MFLOPs per step to retract)")
