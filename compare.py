@@ -482,10 +482,12 @@ def trend_report(studies):
     """trend.md and trend.png: per study (one width each), CoLA's gap to full-rank at equal steps and at equal FLOPs
     over the seeds both have; how far CoLA-M's validation losses lie from CoLA's; and, since the data is read more
     often at larger widths, how far each model memorised it (its final validation loss minus its training loss) and
-    the gap between the two runs' lowest validation losses (the gap an early stop would have seen)."""
+    the gap between the two runs' lowest validation losses (the gap an early stop would have seen). The plot's axis is
+    the width where the studies' widths differ, else the training tokens per full-rank non-embedding parameter."""
     lines = ['| d | r | full-rank params | seeds | full-rank lr | CoLA lr | full-rank val loss | CoLA val loss | '
              'gap at equal steps (%) | gap at equal FLOPs (%) | CoLA-M vs CoLA (max abs diff) | '
-             'val - train loss, full-rank / CoLA | gap at the lowest val loss (%) |', '|---' * 13 + '|']
+             'val - train loss, full-rank / CoLA | gap at the lowest val loss (%) | '
+             'tokens per full-rank non-embedding parameter |', '|---' * 14 + '|']
     points = []
     for folder in studies:
         runs = {}
@@ -502,6 +504,8 @@ def trend_report(studies):
         at_lowest = [(lowest(c) / lowest(f) - 1) * 100 for c, f in zip(cola, full)]
         config = read_log(os.path.join(folder, f'cola-seed{common[0]}', 'log.jsonl'))[0]
         d, r = config['config']['n_embd'], config['config']['rank']
+        non_embedding = full[0]['params'] - 2 * config['model_config']['vocab_size'] * d  # untied embedding and head
+        per_param = full[0]['evals'][-1][0] / non_embedding
         m_runs = [(runs['cola'][s], runs['cola-m'][s]) for s in common if s in runs.get('cola-m', {})]
         deviation = max((abs(a[2] - b[2]) for c, m in m_runs for a, b in zip(c['evals'], m['evals'])), default=None)
         lines.append(f"| {d} | {r} | {full[0]['params']:,} | {len(common)} | {full[0]['lr']:.3g} | {cola[0]['lr']:.3g} | "
@@ -510,8 +514,10 @@ def trend_report(studies):
                      f"{'-' if deviation is None else f'{deviation:.1e}'} | "
                      f"{statistics.mean(x['val_loss'] - x['train_loss'] for x in full):.3f} / "
                      f"{statistics.mean(x['val_loss'] - x['train_loss'] for x in cola):.3f} | "
-                     f"{mean_spread(at_lowest, 2)} |")
-        points.append((d, at_steps, [g for g in at_flops if g is not None], at_lowest))
+                     f"{mean_spread(at_lowest, 2)} | {per_param:.1f} |")
+        points.append(((d, per_param), at_steps, [g for g in at_flops if g is not None], at_lowest))
+    by_width = len({d for (d, _), *_ in points}) > 1
+    points = [(x[0] if by_width else x[1], *gaps_) for x, *gaps_ in points]
     write_durably(os.path.join(out_dir, 'trend.md'), lambda f: f.write(('\n'.join(lines) + '\n').encode()))
     print('\n'.join(lines))
     try:
@@ -528,7 +534,7 @@ def trend_report(studies):
                     linestyle=style, yerr=[statistics.stdev(g[i - 1]) if len(g[i - 1]) > 1 else 0 for d, *g in points if g[i - 1]])
     ax.axhline(0, color='grey', linewidth=0.8)
     ax.set_xscale('log', base=2)
-    ax.set_xlabel('model width d (r = d/4, 2 layers)')
+    ax.set_xlabel('model width d (r = d/4, 2 layers)' if by_width else 'training tokens per full-rank non-embedding parameter')
     ax.set_ylabel("CoLA's loss gap to full-rank (%)")
     ax.legend()
     ax.grid(alpha=0.3)

@@ -92,6 +92,8 @@ def test_compare_sweeps_then_runs_every_method_per_seed_and_its_table_comes_from
     [row] = [line.split('|')[1:-1] for line in (tmp_path / 'trend' / 'trend.md').read_text().splitlines()[2:]]
     assert [c.strip() for c in row[:4]] == ['32', '8', f"{logs['full-rank', 1][0]['model_params']:,}", '2']
     assert [c.strip() for c in row[8:11]] == [rows['cola'][2], rows['cola'][3], '0.0e+00']
+    tokens, vocab = logs['full-rank', 1][-1]['tokens'], logs['full-rank', 1][0]['model_config']['vocab_size']
+    assert row[13].strip() == f"{tokens / (logs['full-rank', 1][0]['model_params'] - 2 * vocab * 32):.1f}"
     # memorising: the final val loss minus the mean training loss over the last tenth of the logged steps
     train = {key: [r['loss'] for r in log if 'loss' in r] for key, log in logs.items()}
     memorised = {m: np.mean([final[m, s] - np.mean(train[m, s][-max(1, len(train[m, s]) // 10):]) for s in (1, 2)])

@@ -1,0 +1,13 @@
+# CoLA's gap against training tokens per parameter (docs/study.md): full-rank and CoLA in the default study's shapes
+# (d = 128, 2 layers) on Shakespeare's bytes, the default study's tokens: 1,000 steps of 4,096 tokens = 10.3
+# per full-rank non-embedding parameter (395,904), each method at its own rate for this length (a longer run favours
+# a smaller rate): a grid of two around the 1,000-step winners (full-rank 2.83e-3, CoLA 8e-3), then sqrt(2) either
+# side of the best; one seed.
+# python compare.py config/tokens_10.py   (then python compare.py config/tokens_trend.py for the table and plot)
+out_dir = 'out-tokens-10'
+max_iters = 1000
+eval_interval = 100
+sweep_lrs = (2.83e-3, 5.66e-3)
+seeds = (1,)
+methods = ('full-rank', 'cola')
+keep_checkpoints = False
