@@ -43,6 +43,7 @@ from tqdm import tqdm
 
 from configurator import configure, public_settings
 from methods.lowrank import LowRankLinear
+import model as model_module
 from model import CoLALinear, Transformer, load_checkpoint, model_from_checkpoint
 from shards import load_meta, make_writable_folder, read_shard, shard_path, write_durably
 
@@ -287,9 +288,14 @@ def outputs(model, idx):
             hooks.append(module.register_forward_hook(hook))
     for module in [model.tok_emb, *model.blocks, model.norm]:  # the last: the final hidden state, after the final norm
         hooks.append(module.register_forward_hook(lambda m, a, out: hidden.append(out.reshape(-1, out.size(-1)))))
-    model(idx)
-    for h in hooks:
-        h.remove()
+    merged = model_module.fan_out  # q, k, v (gate, up) one by one, so that each projection's own hook sees it: the same
+    model_module.fan_out = lambda layers, x: [layer(x) for layer in layers]  # function as the merged down products
+    try:
+        model(idx)
+    finally:
+        model_module.fan_out = merged
+        for h in hooks:
+            h.remove()
     return captured, hidden
 
 
