@@ -218,6 +218,7 @@ def write_import():
           f"--vocab_size={c.vocab_size} --block_size={c.block_size} --norm_eps={c.norm_eps} --rope_theta={c.rope_theta}\n"
           f"(add --batch_size, --learning_rate and the rest of your recipe: train.py's defaults are CoLA-60M's)")
 
+
 if __name__ == '__main__':
     globals().update(configure(public_settings(globals()), sys.argv[1:]))
     if import_dir:

@@ -157,7 +157,6 @@ def test_an_import_refuses_in_one_line_each_setting_the_model_lacks(tmp_path, se
 
 def test_the_imports_printed_train_command_runs_as_printed(data):
     import shlex
-    import sys
     run(data, 'train.py', *TINY_TRAIN, '--data_dir=data', '--out_dir=printed', '--max_iters=2', '--eval_interval=2')
     run(data, 'export.py', '--out_dir=printed', '--export_dir=printed-hf')
     r = run(data, 'export.py', '--import_dir=printed-hf', '--out_dir=printed-back', '--data_dir=data', '--max_iters=2')

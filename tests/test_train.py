@@ -426,12 +426,12 @@ def test_the_paper_recipes_padding_is_no_target_in_the_loss_the_evaluation_or_to
     record = next(json.loads(line) for line in open(paper_data / 'paper-run' / 'log.jsonl') if '"val_ppl"' in line)
     assert record['val_ppl'] == pytest.approx(np.exp(record['val_loss']))
     total, batches, seen = 0.0, 1, 0  # the official evaluate_model's loop, as written there
-    for start in range(0, len(val_rows) - B + 1, B):
+    for first_row in range(0, len(val_rows) - B + 1, B):
         if seen > 300:
             break
         batches += 1
-        total += by_hand(val_rows[start:start + B])
-        seen += (val_rows[start:start + B] != 0).sum()  # input_ids that are not padding
+        total += by_hand(val_rows[first_row:first_row + B])
+        seen += (val_rows[first_row:first_row + B] != 0).sum()  # input_ids that are not padding
     assert record['val_loss_official'] == pytest.approx(total / batches, rel=1e-5)
     assert abs(record['val_loss_official'] - record['val_loss']) > 1e-3  # the two conventions differ
     step = next(json.loads(line) for line in open(paper_data / 'paper-run' / 'log.jsonl') if '"tokens_per_s"' in line)
