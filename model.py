@@ -34,8 +34,9 @@ from methods import elas, lowrank, relora, sltrain, tsvd
 
 try:
     import cola_op  # the fused CoLA up-projection; without Triton installed, CoLA layers run eager PyTorch
+    import cola_gemm  # the fused low-rank matmul, taken only at the shapes where a GPU measured it faster
 except ImportError:
-    cola_op = None
+    cola_op = cola_gemm = None
 
 
 @dataclass
@@ -61,7 +62,8 @@ class ModelConfig:
     rope_theta: float = 10000.0
     # how to run it, not what it is: a checkpoint loads whatever these say
     checkpointing: str = 'none'  # 'none' | 'full' (recompute whole blocks) | 'cola-m' (CoLA-M)
-    fused_cola: bool = True  # up-projections through cola_op.silu_matmul (keeps z, not silu(z)); False: eager PyTorch
+    fused_cola: bool = True  # up-projections through cola_op.silu_matmul (keeps z, not silu(z)), or cola_gemm where
+    # measured faster; False: eager PyTorch
 
     def __post_init__(self):
         for name in ('vocab_size', 'block_size', 'n_layer', 'n_head', 'n_embd', 'intermediate_size'):
@@ -132,18 +134,20 @@ class CoLALinear(nn.Module):
     product keeps the variance of a (d_in + d_out)^(-1/2)-scaled full-rank layer.
     """
 
-    def __init__(self, d_in, d_out, rank, fused=True, dlr_alpha=0.0):
+    def __init__(self, d_in, d_out, rank, fused=True, dlr_alpha=0.0, gemm=True):
         super().__init__()
         std = rank ** -0.25 * (d_in + d_out) ** -0.25
         self.A = nn.Parameter(torch.randn(d_in, rank) * std)
         self.B = nn.Parameter(torch.randn(rank, d_out) * std)
         self.fused = fused and cola_op is not None
+        self.gemm = fused and gemm and cola_gemm is not None  # may take cola_gemm's kernels (fused_layers); not CoLA-M
         self.down_product = torch.matmul  # x @ A; ELAS swaps in its 2:4 sparse product (the same numbers)
         # DLR: a fixed B-shaped residual (see latent_residual), saved with the weights
         self.register_buffer('dlr_residual', latent_residual(rank, d_out, dlr_alpha) if dlr_alpha > 0 else None)
 
     def forward(self, x):
-        return self.up(self.down(x))
+        ys = fused_layers([self], x)  # cola_gemm's kernels where a GPU measured them faster at this shape, else None
+        return ys[0] if ys else self.up(self.down(x))
 
     def down(self, x):
         return self.down_product(x, self.A)
@@ -151,10 +155,13 @@ class CoLALinear(nn.Module):
     def up(self, z):
         # The fused op keeps only z for backward and rebuilds silu(z) there, where eager PyTorch
         # keeps z and silu(z).
-        B = self.B if self.dlr_residual is None else self.B + self.dlr_residual  # (r, d_out)
+        B = self.up_weight()  # (r, d_out)
         if self.fused:
             return cola_op.silu_matmul(z, B)
         return F.silu(z) @ B
+
+    def up_weight(self):
+        return self.B if self.dlr_residual is None else self.B + self.dlr_residual
 
     def fold_dlr(self):
         """Fold DLR's residual into B (exact): a plain CoLA layer with the same outputs."""
@@ -189,11 +196,23 @@ def shared_down(layers, x):
 
 
 def fan_out(layers, x):
-    """Each layer of layers applied to x: CoLA layers through shared_down, one down product for all, any other
-    method's layers (nn.Linear, TSVD, ...) one by one."""
+    """Each layer of layers applied to x: CoLA layers through shared_down, one down product for all (or fused), any
+    other method's layers (nn.Linear, TSVD, ...) one by one."""
     if all(type(layer) is CoLALinear for layer in layers):
-        return [layer.up(z) for layer, z in zip(layers, shared_down(layers, x))]
+        return fused_layers(layers, x) or [layer.up(z) for layer, z in zip(layers, shared_down(layers, x))]
     return [layer(x) for layer in layers]
+
+
+def fused_layers(layers, x):
+    """The CoLA layers that read x, through cola_gemm's kernels (SiLU in the GEMMs' epilogues) where a GPU measurement
+    found them faster than the plain path at this shape (cola_gemm.FASTER): their outputs; else None."""
+    if cola_gemm is None or not all(layer.gemm and layer.down_product is torch.matmul for layer in layers):
+        return None
+    config = cola_gemm.chosen(x, layers[0].A.size(0), [layer.B.shape for layer in layers])
+    if config is None:
+        return None
+    A = torch.cat([layer.A for layer in layers], dim=1)  # (d_in, n r), as in shared_down
+    return cola_gemm.cola_layers(x, A, [layer.up_weight() for layer in layers], config)
 
 
 def build_projection(d_in, d_out, config, part):
@@ -210,7 +229,7 @@ def build_projection(d_in, d_out, config, part):
         return relora.ReLoRALinear(d_in, d_out, config.rank, config.relora_alpha, config.relora_dropout)
     if config.rank > 0:
         dlr = config.dlr_alpha if config.dlr_scope in ('all', part) else 0.0
-        return CoLALinear(d_in, d_out, config.rank, config.fused_cola, dlr)
+        return CoLALinear(d_in, d_out, config.rank, config.fused_cola, dlr, gemm=config.checkpointing != 'cola-m')
     return nn.Linear(d_in, d_out, bias=False)
 
 
