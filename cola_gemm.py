@@ -65,7 +65,7 @@ class Config(NamedTuple):
     split_k: bool  # dB and dA through GEMM 2, split over the tokens, where their outputs have fewer tiles than SMs
 
 
-CONFIGS = {
+CONFIGS = {  # named by their loads (p: plain, tma: a tensor descriptor), tiles and split-K; at most six
     'p64': Config(64, 64, 32, 4, 3, tma=False, split_k=False),
     'p64-splitk': Config(64, 64, 32, 4, 3, tma=False, split_k=True),
     'p128': Config(128, 128, 64, 8, 3, tma=False, split_k=False),
