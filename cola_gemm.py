@@ -28,9 +28,10 @@ and L2-resident, through plain loads. GEMM 2 splits the long sum: split s sums i
 partial, and one sum over the partials (deterministic: no atomics) gives the result. CONFIGS holds the tile
 shapes, at most six; each is compiled and checked on its own, and a configuration that fails is set aside.
 
-Chosen by measurement: the model (model.fan_out) takes this path for a shape only where FASTER, a table committed
-from one GPU measurement (`python cola_gemm.py`), names a configuration that beat cola_op.py there by more than 2% and
-twice the timings' spread; everywhere else, and under CoLA-M, cola_op.py's path. No GPU has run it yet, FASTER is
+Chosen by measurement: the model (model.fused_layers) takes this path in training for a shape and micro-batch only
+where FASTER, a table committed from one GPU measurement (`python cola_gemm.py`), names a configuration that beat
+cola_op.py there by more than 2% and twice the timings' spread; everywhere else (other GPUs and micro-batches,
+evaluation and generation, CoLA-M), cola_op.py's path. No GPU has run it yet, FASTER is
 empty, and every shape takes cola_op.py.
 
 Checked against float64 under Triton's interpreter (TRITON_INTERPRET=1 before the first launch) in fp32 and fp16,
@@ -52,7 +53,7 @@ from torch.utils.flop_counter import register_flop_formula
 import cola_op
 
 INTERPRET = os.environ.get('TRITON_INTERPRET') == '1'
-INTERPRETER_SMS = 4  # the interpreter's stand-in for a GPU's SM count: small, so that the tests' small shapes split
+INTERPRETER_SMS = 8  # the interpreter's stand-in for a GPU's SM count: small, so that the tests' small shapes split
 
 
 class Config(NamedTuple):
@@ -74,8 +75,8 @@ CONFIGS = {  # named by their loads (p: plain, tma: a tensor descriptor), tiles 
     'tma128x64-splitk': Config(128, 64, 64, 4, 4, tma=True, split_k=True),
 }
 
-# {(GPU name, dtype, d_in, ((r_1, d_out_1), ...)): (configuration, speed-up over cola_op.py)}: the shapes where one GPU
-# measurement found the fused path faster (python cola_gemm.py prints this table); none yet.
+# {(GPU name, dtype, tokens, d_in, ((r_1, d_out_1), ...)): (configuration, speed-up over cola_op.py)}: the shapes and
+# micro-batches where one GPU measurement found the fused path faster (python cola_gemm.py prints it); none yet.
 FASTER = {}
 
 POISON = False  # the benchmark's check sets it: new outputs start as NaN, so that a value never written shows
@@ -85,17 +86,17 @@ POISON = False  # the benchmark's check sets it: new outputs start as NaN, so th
 
 @triton.jit
 def _gemm_silu_kernel(a_ptr, b_ptr, z_ptr, out_ptr, h_ptr, M, N, K, stride_am, stride_bk, stride_bn, stride_out,
-                      programs, GRAD: tl.constexpr, TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                      BK: tl.constexpr):
-    """GEMM 1, persistent: `programs` programs take the (BM, BN) tiles of the (M, N) output in turn. Per tile
+                      GRAD: tl.constexpr, TMA: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """GEMM 1, persistent: the programs take the (BM, BN) tiles of the (M, N) output in turn. Per tile
     acc = a @ b in fp32 (a (M, K) with unit column stride, b (K, N) of any strides), then the epilogue, on outputs
     whose rows are stride_out apart (column slices of (M, R) tensors):
         GRAD False: acc is z;  writes out = z and h = silu(z)
-        GRAD True:  acc is g;  loads z, writes out = dz = g * silu'(z) and h = silu(z)"""
+        GRAD True:  acc is g;  loads z, writes out = dz = g * silu'(z) and h = silu(z)
+    (z_ptr is read only when GRAD.)"""
     tiles_n = tl.cdiv(N, BN)
     if TMA:
         a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1], block_shape=[BM, BK])
-    for tile in range(tl.program_id(0), tl.cdiv(M, BM) * tiles_n, programs):
+    for tile in range(tl.program_id(0), tl.cdiv(M, BM) * tiles_n, tl.num_programs(0)):
         rm = (tile // tiles_n) * BM + tl.arange(0, BM)
         rn = (tile % tiles_n) * BN + tl.arange(0, BN)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
@@ -126,8 +127,8 @@ def _gemm_silu_kernel(a_ptr, b_ptr, z_ptr, out_ptr, h_ptr, M, N, K, stride_am, s
 @triton.jit
 def _split_k_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, k_per_split,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """GEMM 2: one (BM, BN) tile of split s's partial product a[:, ks] @ b[ks, :], ks its k_per_split of the K rows
-    (a multiple of BK), in fp32 into c[s] of c (splits, M, N); a and b of any strides."""
+    """GEMM 2: one (BM, BN) tile of split s's partial product a[:, ks] @ b[ks, :] for a (M, K) and b (K, N) of any
+    strides, ks split s's k_per_split of the K columns (whole steps of BK), in fp32 into c[s] of c (splits, M, N)."""
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     start = tl.program_id(2) * k_per_split
@@ -143,22 +144,22 @@ def _split_k_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_b
              mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-def split_count(K, M, N, config, sms):
-    """The splits GEMM 2 sums K rows in for an (M, N) output: enough for every SM to have a tile, each split at
-    least four steps of BK; 1 (cuBLAS) where the output's tiles alone fill the SMs or the configuration does not
-    split."""
+def split_size(K, M, N, config, sms):
+    """How many of the K summed rows each split of GEMM 2 takes for an (M, N) output: enough splits for every SM to
+    have a tile, each of whole steps of BK and at least four of them; K (one split: cuBLAS) where the output's tiles
+    alone fill the SMs or the configuration does not split."""
     tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
     if not config.split_k or tiles >= sms:
-        return 1
+        return K
     splits = min(triton.cdiv(sms, tiles), triton.cdiv(K, 4 * config.block_k))
-    return triton.cdiv(K, triton.cdiv(triton.cdiv(K, splits), config.block_k) * config.block_k)
+    return triton.cdiv(triton.cdiv(K, splits), config.block_k) * config.block_k  # rounded up to whole steps of BK
 
 
 def _sms(device):
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == 'cuda' else INTERPRETER_SMS
 
 
-def _new(rows, cols, like):
+def _empty_or_nan(rows, cols, like):
     empty = torch.empty(rows, cols, device=like.device, dtype=like.dtype)
     return empty.fill_(float('nan')) if POISON else empty
 
@@ -171,7 +172,8 @@ def _tma(a, config):
     if a.is_cuda:
         if torch.cuda.get_device_capability(a.device)[0] < 9:
             return False
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=a.device))
+        device = a.device  # the descriptor's scratch memory; the lambda must not hold a itself alive
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=device))
     return a.stride(1) == 1 and (a.stride(0) * a.element_size()) % 16 == 0 and a.data_ptr() % 16 == 0
 
 
@@ -182,9 +184,8 @@ def _launch_gemm_silu(a, b, z, out, h, config):
     assert out.stride(1) == h.stride(1) == 1 and out.stride(0) == h.stride(0)
     assert z is None or z.stride() == out.stride()
     tiles = triton.cdiv(M, config.block_m) * triton.cdiv(N, config.block_n)
-    programs = min(tiles, _sms(a.device))
-    _gemm_silu_kernel[(programs,)](
-        a, b, out if z is None else z, out, h, M, N, K, a.stride(0), b.stride(0), b.stride(1), out.stride(0), programs,
+    _gemm_silu_kernel[(min(tiles, _sms(a.device)),)](  # persistent: no more programs than SMs
+        a, b, out if z is None else z, out, h, M, N, K, a.stride(0), b.stride(0), b.stride(1), out.stride(0),
         GRAD=z is not None, TMA=_tma(a, config), BM=config.block_m, BN=config.block_n, BK=config.block_k,
         num_warps=config.warps, num_stages=config.stages)
 
@@ -195,7 +196,7 @@ def _launch_gemm_silu(a, b, z, out, h, config):
 def gemm_silu(x: torch.Tensor, A: torch.Tensor, config: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(z, h) = (x @ A, silu(x @ A)) for x (M, d_in), A (d_in, R): GEMM 1 with SiLU in its epilogue."""
     x = x if x.stride(1) == 1 else x.contiguous()
-    z, h = _new(x.shape[0], A.shape[1], x), _new(x.shape[0], A.shape[1], x)
+    z, h = _empty_or_nan(x.shape[0], A.shape[1], x), _empty_or_nan(x.shape[0], A.shape[1], x)
     _launch_gemm_silu(x, A, None, z, h, CONFIGS[config])
     return z, h
 
@@ -206,7 +207,7 @@ def gemm_silu_grad(dys: list[torch.Tensor], Bs: list[torch.Tensor], z: torch.Ten
     """(dz, h), layer by layer into layer i's columns: dz_i = (dy_i @ B_i^T) * silu'(z_i), h_i = silu(z_i), for
     dy_i (M, d_out_i), B_i (r_i, d_out_i), z (M, R): GEMM 1 with the SiLU derivative in its epilogue."""
     z = z.contiguous()
-    dz, h = _new(*z.shape, z), _new(*z.shape, z)
+    dz, h = _empty_or_nan(*z.shape, z), _empty_or_nan(*z.shape, z)
     start = 0
     for dy, B in zip(dys, Bs):
         columns = slice(start, start + B.shape[0])
@@ -222,14 +223,14 @@ def tn_matmul(a: torch.Tensor, b: torch.Tensor, config: str) -> torch.Tensor:
     where the configuration says so and the output has fewer tiles than the GPU has SMs; else cuBLAS."""
     c = CONFIGS[config]
     (K, M), N = a.shape, b.shape[1]
-    splits = split_count(K, M, N, c, _sms(a.device)) if a.is_cuda or INTERPRET else 1
-    if splits == 1:
+    k_per_split = split_size(K, M, N, c, _sms(a.device)) if a.is_cuda or INTERPRET else K
+    if k_per_split >= K:
         return a.mT @ b
-    k_per_split = triton.cdiv(triton.cdiv(K, splits), c.block_k) * c.block_k
     splits = triton.cdiv(K, k_per_split)
     partials = torch.empty(splits, M, N, device=a.device, dtype=torch.float32)
+    at = a.mT  # (M, K)
     _split_k_kernel[(triton.cdiv(M, c.block_m), triton.cdiv(N, c.block_n), splits)](
-        a, b, partials, M, N, K, a.stride(1), a.stride(0), b.stride(0), b.stride(1), k_per_split,
+        at, b, partials, M, N, K, at.stride(0), at.stride(1), b.stride(0), b.stride(1), k_per_split,
         BM=c.block_m, BN=c.block_n, BK=c.block_k, num_warps=c.warps, num_stages=c.stages)
     return partials.sum(0).to(a.dtype)  # one reduction in a fixed order: the same bits every run
 
@@ -279,7 +280,9 @@ class FusedCoLA(torch.autograd.Function):
         x, A, z, *Bs = ctx.saved_tensors
         dz, h = gemm_silu_grad(list(dys), Bs, z, ctx.config)  # (M, R) each
         dBs = [tn_matmul(h_i, dy, ctx.config) for h_i, dy in zip(h.split([B.shape[0] for B in Bs], dim=1), dys)]
-        return dz @ A.mT, tn_matmul(x, dz, ctx.config), None, *dBs
+        dx = dz @ A.mT if ctx.needs_input_grad[0] else None
+        dA = tn_matmul(x, dz, ctx.config) if ctx.needs_input_grad[1] else None
+        return dx, dA, None, *dBs
 
 
 def compute_dtype(x):
@@ -301,12 +304,13 @@ def device_name(device: torch.device) -> str:
 
 
 def chosen(x, d_in, shapes):
-    """The configuration FASTER names for x's device and dtype and these layers ((r_i, d_out_i) each, reading d_in),
-    or None: cola_op.py's path."""
-    if not FASTER or not (x.is_cuda or INTERPRET):
+    """The configuration FASTER names for these layers ((r_i, d_out_i) each, reading d_in) at x's GPU, dtype and
+    number of tokens, in training (FASTER's timings are forward and backward), or None: cola_op.py's path."""
+    if not FASTER or not torch.is_grad_enabled() or not (x.is_cuda or INTERPRET):
         return None
-    key = (device_name(x.device), str(compute_dtype(x)).removeprefix('torch.'), d_in, tuple(map(tuple, shapes)))
-    return FASTER.get(key, (None,))[0]
+    dtype = str(compute_dtype(x)).removeprefix('torch.')
+    entry = FASTER.get((device_name(x.device), dtype, x.numel() // x.shape[-1], d_in, tuple(map(tuple, shapes))))
+    return entry[0] if entry else None
 
 
 # ----------------------------------------------------------------------------- the GPU stage: check, time, choose
@@ -403,22 +407,9 @@ def timer(device):
     return ms
 
 
-def stage(budget_s=170, dry_run=False):
-    """The GPU stage: the device's facts; each configuration compiled (failures set aside) and checked against
-    float64 with poisoned outputs, in bf16 on the GPU; then per layer group of every model's shape and micro-batch:
-    the six products alone, cola_op.py's path, eager PyTorch, each working configuration, torch.compile max-autotune
-    of CompilerCoLA (q, k, v at 60m-350m, while the budget lasts: each compile takes tens of seconds), and CUDA-graph
-    timings of the op, eager and the best configuration. Prints the tables and FASTER for cola_gemm.py.
-    dry_run: the same steps at tiny shapes under the interpreter on the CPU."""
-    end = time.time() + budget_s
-    device = 'cpu' if dry_run else 'cuda'
-    dtype = torch.float32 if dry_run else torch.bfloat16
-    models = {'tiny': (32, 48, 16, 40)} if dry_run else MODELS
-    name = device_name(torch.device(device))
-    print(f'{name}, {_sms(torch.device(device))} SMs, torch {torch.__version__}, triton {triton.__version__}, {dtype}, '
-          f'tensor descriptors: {hasattr(tl, "make_tensor_descriptor")}', flush=True)
-
-    # 4,099 tokens and the 1b MLP's 5,461: ragged everywhere, and rows not 16-byte aligned for TMA
+def check_configs(dtype, device, dry_run):
+    """Each configuration compiled and checked against float64 (check) at 4,099 tokens and at the 1b MLP's 5,461:
+    ragged everywhere, rows not 16-byte aligned for TMA. Prints a row each; returns the working ones."""
     checks = ([(37, 40, [(16, 24), (16, 24)])] if dry_run else
               [(4099, 768, [(256, 768)] * 3), (4099, 5461, [(512, 2048)])])
     working = {}
@@ -430,75 +421,101 @@ def stage(budget_s=170, dry_run=False):
         try:
             error = max(check(label, tokens, d_in, shapes, dtype, device) for tokens, d_in, shapes in checks)
             verdict = f'{error:.1e}'
-            if not error < (2e-2 if dtype == torch.bfloat16 else 1e-4):  # nan fails too
-                verdict += ': WRONG, set aside'
-            else:
+            if error < (2e-2 if dtype == torch.bfloat16 else 1e-4):  # nan fails too
                 working[label] = c
+            else:
+                verdict += ': WRONG, set aside'
         except Exception as e:  # a configuration this GPU or Triton cannot compile: set aside, the others go on
-            verdict = f'failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:120] if str(e).strip() else ""}'
+            lines = str(e).strip().splitlines()
+            verdict = f'failed: {type(e).__name__}: {lines[0][:120] if lines else ""}'
         print(f'| {label} | {c.block_m}, {c.block_n}, {c.block_k} | {c.warps}, {c.stages} | {c.tma} | {c.split_k} | '
               f'{time.time() - t0:.1f} | {verdict} |', flush=True)
+    return working
 
+
+def time_group(tokens, d_in, shapes, working, dtype, device, ms, compile_it):
+    """One layer group's forward+backward timings: {variant: (ms, spread)} for the six products alone, cola_op.py's
+    path, eager PyTorch, each working configuration and (compile_it) torch.compile max-autotune of CompilerCoLA; and
+    CUDA-graph timings of the op, eager and the fastest configuration (a string)."""
+    x, A, Bs, dys = layer_inputs(tokens, d_in, shapes, dtype, device)
+
+    def step(layers):  # what is timed: forward and backward, the gradients cleared first (none accumulated)
+        def fn():
+            for t in (x, A, *Bs):
+                t.grad = None
+            torch.autograd.backward(layers(x, A, Bs), dys)
+        return fn
+
+    with torch.no_grad():
+        xd, Ad, Bds = x.detach(), A.detach(), [B.detach() for B in Bs]
+        z = xd @ Ad  # also dz's stand-in: the products' floor does not depend on the values
+        hs = F.silu(z).split([B.shape[0] for B in Bs], dim=1)
+
+    def products():  # x @ A, h_i @ B_i, dy_i @ B_i^T, h_i^T @ dy_i, x^T @ dz, dz @ A^T
+        with torch.no_grad():
+            xd @ Ad
+            for h_i, B, dy in zip(hs, Bds, dys):
+                h_i @ B, dy @ B.mT, h_i.mT @ dy
+            xd.mT @ z, z @ Ad.mT
+
+    t = {'products': ms(products), 'op': ms(step(op_layers)), 'eager': ms(step(eager_layers))}
+    for label in working:
+        t[label] = ms(step(lambda x, A, Bs, label=label: cola_layers(x, A, Bs, label)))
+    if compile_it:
+        torch._dynamo.reset()  # one fresh static-shape compile per group, never a dynamic-shape graph reused
+        try:
+            compiled = torch.compile(lambda x, A, Bs: CompilerCoLA.apply(x, A, *Bs), mode='max-autotune-no-cudagraphs',
+                                     dynamic=False)
+            t['compile'] = ms(step(compiled))
+        except Exception as e:
+            print(f'torch.compile max-autotune failed: {type(e).__name__}: {e}'[:300], flush=True)
+    best = min(working, key=lambda label: t[label][0]) if working else None
+    graphs = '-'
+    if device == 'cuda' and best:
+        from triton.testing import do_bench_cudagraph
+        try:
+            graphs = ' / '.join(f'{do_bench_cudagraph(step(fn), rep=60):.3f}' for fn in
+                                (op_layers, eager_layers, lambda x, A, Bs: cola_layers(x, A, Bs, best)))
+        except Exception as e:
+            graphs = f'failed: {type(e).__name__}'
+    return t, best, graphs
+
+
+def stage(budget_s=170, dry_run=False):
+    """The GPU stage: the device's facts; each configuration compiled and checked in bf16 against float64 with
+    poisoned outputs (check_configs); then every model's four layer groups at its micro-batch (time_group), each
+    timed variant printed with the fused path's choice; last, FASTER for cola_gemm.py. torch.compile max-autotune
+    only for q, k, v at 60m-350m while the budget lasts (each compile takes tens of seconds).
+    dry_run: the same steps at tiny shapes under the interpreter on the CPU (fp32; timings that mean nothing)."""
+    end = time.time() + budget_s
+    device = 'cpu' if dry_run else 'cuda'
+    dtype = torch.float32 if dry_run else torch.bfloat16
+    name = device_name(torch.device(device))
+    print(f'{name}, {_sms(torch.device(device))} SMs, torch {torch.__version__}, triton {triton.__version__}, {dtype}, '
+          f'tensor descriptors: {hasattr(tl, "make_tensor_descriptor")}', flush=True)
+    working = check_configs(dtype, device, dry_run)
     ms = timer(device)
     faster = {}
     print('\n| model | layers | tokens | products ms | op ms | eager ms | best fused ms (config) | fused / op | '
           'compile max-autotune ms | graphs: op / eager / fused ms | chosen |')
     print('|---|---|---|---|---|---|---|---|---|---|---|')
-    for model, (d, f, r, tokens) in models.items():
+    for model, (d, f, r, tokens) in ({'tiny': (32, 48, 16, 40)} if dry_run else MODELS).items():
         for group, (d_in, shapes) in layer_groups(d, f, r).items():
             if time.time() > end - 5:
                 print(f'| {model} | {group} | not run: the budget is spent |')
                 continue
-            x, A, Bs, dys = layer_inputs(tokens, d_in, shapes, dtype, device)
-            leaves = [x, A, *Bs]
-
-            def step(layers):
-                def fn():
-                    for t in leaves:
-                        t.grad = None
-                    torch.autograd.backward(layers(x, A, Bs), dys)
-                return fn
-
-            with torch.no_grad():
-                xd, Ad, Bds = x.detach(), A.detach(), [B.detach() for B in Bs]
-                z = xd @ Ad
-                hs = F.silu(z).split([B.shape[0] for B in Bs], dim=1)
-
-            def products():  # the floor: x @ A, h_i @ B_i, dy_i @ B_i^T, h_i^T @ dy_i, x^T @ dz, dz @ A^T
-                with torch.no_grad():
-                    xd @ Ad
-                    for h_i, B, dy in zip(hs, Bds, dys):
-                        h_i @ B, dy @ B.mT, h_i.mT @ dy
-                    xd.mT @ z, z @ Ad.mT
-
-            t = {'products': ms(products), 'op': ms(step(op_layers)), 'eager': ms(step(eager_layers))}
-            fused = {label: ms(step(lambda x, A, Bs, label=label: cola_layers(x, A, Bs, label))) for label in working}
-            best = min(fused, key=lambda label: fused[label][0]) if fused else None
-            compiled = '-'
-            if not dry_run and group == 'q,k,v' and model in ('60m', '130m', '350m') and time.time() < end - 60:
-                try:
-                    fn = torch.compile(lambda x, A, Bs: CompilerCoLA.apply(x, A, *Bs),
-                                       mode='max-autotune-no-cudagraphs')
-                    compiled = f'{ms(step(fn))[0]:.3f}'
-                except Exception as e:
-                    compiled = f'failed: {type(e).__name__}'
-            graphs = '-'
-            if not dry_run and best:
-                from triton.testing import do_bench_cudagraph
-                try:
-                    graphs = ' / '.join(f'{do_bench_cudagraph(step(fn), rep=60):.3f}' for fn in
-                                        (op_layers, eager_layers, lambda x, A, Bs: cola_layers(x, A, Bs, best)))
-                except Exception as e:
-                    graphs = f'failed: {type(e).__name__}'
-            op_ms, op_spread = t['op']
-            choice = 'op'
+            compile_it = (not dry_run and group == 'q,k,v' and model in ('60m', '130m', '350m')
+                          and time.time() < end - 60)
+            t, best, graphs = time_group(tokens, d_in, shapes, working, dtype, device, ms, compile_it)
+            (op_ms, op_spread), choice, fused_text = t['op'], 'op', '- | -'
             if best:
-                fused_ms, fused_spread = fused[best]
+                fused_ms, fused_spread = t[best]
+                fused_text = f'{fused_ms:.3f} ({best}) | {op_ms / fused_ms:.2f}x'
                 if op_ms / fused_ms > 1.02 and op_ms - fused_ms > 2 * max(op_spread, fused_spread):
                     choice = best
-                    key = (name, str(dtype).removeprefix('torch.'), d_in, tuple(map(tuple, shapes)))
+                    key = (name, str(dtype).removeprefix('torch.'), tokens, d_in, tuple(map(tuple, shapes)))
                     faster[key] = (best, round(op_ms / fused_ms, 3))
-            fused_text = f'{fused[best][0]:.3f} ({best}) | {op_ms / fused[best][0]:.2f}x' if best else '- | -'
+            compiled = f"{t['compile'][0]:.3f}" if 'compile' in t else '-'
             print(f"| {model} | {group} | {tokens} | {t['products'][0]:.3f} | {op_ms:.3f} ± {op_spread:.3f} | "
                   f"{t['eager'][0]:.3f} | {fused_text} | {compiled} | {graphs} | {choice} |", flush=True)
     print('\nFASTER for cola_gemm.py (where the fused path beat the op by more than 2% and twice the spread):')

@@ -34,9 +34,12 @@ from methods import elas, lowrank, relora, sltrain, tsvd
 
 try:
     import cola_op  # the fused CoLA up-projection; without Triton installed, CoLA layers run eager PyTorch
+except ImportError:
+    cola_op = None
+try:
     import cola_gemm  # the fused low-rank matmul, taken only at the shapes where a GPU measured it faster
 except ImportError:
-    cola_op = cola_gemm = None
+    cola_gemm = None
 
 
 @dataclass

@@ -21,8 +21,8 @@ def silu_grad(z):
 
 @pytest.mark.parametrize('config', ['p64', 'tma128x64-splitk'])  # plain loads; a tensor descriptor for x and dy
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float16])
-@pytest.mark.parametrize('M,d_in,r,d_out', [(64, 32, 32, 64), (300, 50, 23, 70)])  # tiles whole; ragged, 5 tiles of 64
-def test_both_epilogues_match_float64(config, dtype, M, d_in, r, d_out):  # rows for 4 programs: the persistent loop
+@pytest.mark.parametrize('M,d_in,r,d_out', [(64, 32, 32, 64), (600, 50, 23, 70)])  # tiles whole; ragged, and 10 tiles
+def test_both_epilogues_match_float64(config, dtype, M, d_in, r, d_out):  # of 64 rows for 8 programs: the persistent loop
     torch.manual_seed(0)
     x, A, B, dy = (torch.randn(*s) * 0.5 for s in ((M, d_in), (d_in, r), (r, d_out), (M, d_out)))
     x, A, B, dy = (t.to(dtype) for t in (x, A, B, dy))
@@ -45,15 +45,17 @@ def test_the_tensor_descriptor_is_used_only_on_16_byte_aligned_rows():
 
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float16])
-def test_split_k_weight_gradients_match_float64_and_repeat_bit_for_bit(dtype):
+@pytest.mark.parametrize('M,N,splits', [(20, 40, 3), (130, 100, 2)])  # one tile: 128 + 128 + 44 tokens; 6 tiles
+def test_split_k_weight_gradients_match_float64_and_repeat_bit_for_bit(dtype, M, N, splits):
     torch.manual_seed(0)
-    a, b = torch.randn(300, 24).to(dtype), torch.randn(300, 40).to(dtype)  # 300 tokens, a (24 x 40) output: one tile
-    c = cola_gemm.tn_matmul(a[:, :20], b, 'p64-splitk')  # a column slice: strided, as h_i and x are passed
-    torch.testing.assert_close(c.double(), a[:, :20].double().T @ b.double(), **dict(zip(('rtol', 'atol'), {
+    a, b = torch.randn(300, M + 5).to(dtype), torch.randn(300, N).to(dtype)  # 300 tokens
+    c = cola_gemm.tn_matmul(a[:, 5:], b, 'p64-splitk')  # a column slice: strided, as h_i and x are passed
+    torch.testing.assert_close(c.double(), a[:, 5:].double().T @ b.double(), **dict(zip(('rtol', 'atol'), {
         torch.float32: (1e-5, 1e-4), torch.float16: (1e-2, 5e-2)}[dtype])))
-    assert torch.equal(c, cola_gemm.tn_matmul(a[:, :20], b, 'p64-splitk'))  # a fixed order of sums: the same bits
-    assert cola_gemm.split_count(300, 20, 40, cola_gemm.CONFIGS['p64-splitk'], sms=4) == 3  # split: 128 + 128 + 44
-    assert cola_gemm.split_count(300, 20, 40, cola_gemm.CONFIGS['p64'], sms=4) == 1  # this configuration never splits
+    assert torch.equal(c, cola_gemm.tn_matmul(a[:, 5:], b, 'p64-splitk'))  # a fixed order of sums: the same bits
+    config = cola_gemm.CONFIGS['p64-splitk']
+    assert -(-300 // cola_gemm.split_size(300, M, N, config, sms=8)) == splits  # the interpreter's 8 SMs
+    assert cola_gemm.split_size(300, M, N, cola_gemm.CONFIGS['p64'], sms=8) == 300  # this configuration never splits
 
 
 @pytest.mark.parametrize('ranks', [(24,), (16, 16, 16)])  # o or down alone; q, k, v side by side
@@ -81,7 +83,7 @@ def test_the_fused_layers_give_eager_outputs_and_gradients_keeping_only_x_a_z_an
 def faster_for_qkv(config, name='p64'):
     """FASTER naming the fused path for the attention's q, k, v of a model of this config on this CPU."""
     r, d = config.rank, config.n_embd
-    return {('cpu', 'float32', d, ((r, d),) * 3): (name, 1.5)}
+    return {('cpu', 'float32', 2 * 16, d, ((r, d),) * 3): (name, 1.5)}  # 2 sequences of 16 tokens
 
 
 def test_the_model_takes_the_fused_path_only_at_the_shapes_faster_names(monkeypatch):
@@ -97,6 +99,10 @@ def test_the_model_takes_the_fused_path_only_at_the_shapes_faster_names(monkeypa
     _, loss = model(idx, idx)
     grads = torch.autograd.grad(loss, list(model.parameters()))
     assert calls == [3] * TINY.n_layer  # q, k, v of each block; o, gate, up, down not in the table: the plain path
+    with torch.no_grad():
+        model(idx[:, :8])
+        model(idx, idx)
+    assert calls == [3] * TINY.n_layer  # another micro-batch, or no backward to come (evaluation): the plain path
     torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=1e-6)
     for got, expected in zip(grads, plain_grads):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
@@ -134,7 +140,7 @@ def test_a_compiled_model_trains_a_bf16_step_through_the_fused_path_on_the_gpu(m
     same step on the plain path."""
     config = replace(TINY, n_embd=256, n_head=4, intermediate_size=688, rank=64, block_size=128)
     groups = cola_gemm.layer_groups(config.n_embd, config.intermediate_size, config.rank)
-    faster = {(torch.cuda.get_device_name(), 'bfloat16', d_in, tuple(shapes)): ('tma128-splitk', 1.5)
+    faster = {(torch.cuda.get_device_name(), 'bfloat16', 4 * 128, d_in, tuple(shapes)): ('tma128-splitk', 1.5)
               for d_in, shapes in groups.values()}
     torch.manual_seed(0)
     model = Transformer(config).cuda()
