@@ -504,8 +504,9 @@ def trend_report(studies):
         at_lowest = [(lowest(c) / lowest(f) - 1) * 100 for c, f in zip(cola, full)]
         config = read_log(os.path.join(folder, f'cola-seed{common[0]}', 'log.jsonl'))[0]
         d, r = config['config']['n_embd'], config['config']['rank']
-        non_embedding = full[0]['params'] - 2 * config['model_config']['vocab_size'] * d  # untied embedding and head
-        per_param = full[0]['evals'][-1][0] / non_embedding
+        full_config = read_log(os.path.join(folder, f'full-rank-seed{common[0]}', 'log.jsonl'))[0]['model_config']
+        with torch.device('meta'):  # counted, not allocated, as regime() counts
+            per_param = full[0]['evals'][-1][0] / Transformer(ModelConfig(**full_config)).num_params()
         m_runs = [(runs['cola'][s], runs['cola-m'][s]) for s in common if s in runs.get('cola-m', {})]
         deviation = max((abs(a[2] - b[2]) for c, m in m_runs for a, b in zip(c['evals'], m['evals'])), default=None)
         lines.append(f"| {d} | {r} | {full[0]['params']:,} | {len(common)} | {full[0]['lr']:.3g} | {cola[0]['lr']:.3g} | "

@@ -209,7 +209,9 @@ def fan_out(layers, x):
 def fused_layers(layers, x):
     """The CoLA layers that read x, through cola_gemm's kernels (SiLU in the GEMMs' epilogues) where a GPU measurement
     found them faster than the plain path at this shape (cola_gemm.FASTER): their outputs; else None."""
-    if cola_gemm is None or not all(layer.gemm and layer.down_product is torch.matmul for layer in layers):
+    if cola_gemm is None or not cola_gemm.FASTER:  # no measured shape (today): nothing more to look at
+        return None
+    if not all(layer.gemm and layer.down_product is torch.matmul for layer in layers):
         return None
     config = cola_gemm.chosen(x, layers[0].A.size(0), [layer.B.shape for layer in layers])
     if config is None:
