@@ -10,6 +10,7 @@ Tokens per step = batch_size x block_size x gradient_accumulation_steps x world 
 """
 
 import ctypes
+import importlib.util
 import fcntl
 import json
 import math
@@ -134,6 +135,8 @@ if relora_warm_start and projection != 'relora':
                      f"ReLoRA's; add --projection=relora, or drop relora_warm_start")
 if not 0 < tsvd_energy <= 1:
     raise SystemExit(f"tsvd_energy={tsvd_energy}: expected a fraction in (0, 1]")
+if wandb_log and importlib.util.find_spec('wandb') is None:
+    raise SystemExit("wandb_log=True: the wandb package is not installed; pip install wandb, or drop wandb_log")
 if projection == 'tsvd' and parallel == 'fsdp':
     raise SystemExit("projection='tsvd' with parallel='fsdp': TSVD's rank changes reshape the parameters, which FSDP2's "
                      "shards do not follow; use parallel='ddp'")

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# What a GPU session carries to the device for .ci/gpu_official.py, made on the session's own machine (neither part is
-# committed: the official code is not ours, and the wheels are another project's): the official CoLA repository as
-# .official/CoLA (from a snapshot git directory, e.g. the search tool's fetch of alvin-zyl/CoLA), and the wheels its
-# code needs for the device's Python 3.12 in .whl/. Then: run with carry [".official", ".whl"] and `bash .ci/gpu_check`.
-#   bash .ci/gpu_carry.sh /work/.mirror/alvin-zyl+CoLA/repo
+# What .ci/gpu_official.py needs beside the clone, made on a machine with a network (neither part is committed: the
+# official code is not ours, and the wheels are another project's): the official CoLA repository as .official/CoLA
+# (from the git directory of a clone of github.com/alvin-zyl/CoLA), and the wheels its code needs for the GPU
+# machine's Python 3.12 in .whl/. Copy both along with the clone to the GPU machine, then `bash .ci/gpu_check`.
+#   git clone https://github.com/alvin-zyl/CoLA /tmp/CoLA && bash .ci/gpu_carry.sh /tmp/CoLA/.git
 set -euo pipefail
 cd "$(dirname "$0")/.."
 snapshot=${1:?give the git directory of the official CoLA repository}

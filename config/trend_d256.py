@@ -1,4 +1,4 @@
-# The size trend's largest point (#36): full-rank, CoLA and CoLA-M at d = 256 (r = 64, 2 layers, heads of 32), on the
+# The size trend's largest point: full-rank, CoLA and CoLA-M at d = 256 (r = 64, 2 layers, heads of 32), on the
 # study's data, at the study's 10.3 tokens per full-rank non-embedding parameter (1,582,336: 3,997 steps of 4,096
 # tokens), each at its own full-horizon learning rate. What 2 cores allow: a grid of three rates (the study's four
 # less 1.6e-2), then its best / and * sqrt(2), one seed; a winner at the edge of the rates tried is marked as such.

@@ -1,4 +1,4 @@
-# The size trend's smallest point (#36): full-rank, CoLA and CoLA-M at d = 64 (r = 16, 2 layers, heads of 32), on the
+# The size trend's smallest point: full-rank, CoLA and CoLA-M at d = 64 (r = 16, 2 layers, heads of 32), on the
 # study's data, at the study's 10.3 tokens per full-rank non-embedding parameter (100,672: 254 steps of 4,096 tokens),
 # each at its own full-horizon learning rate (the sweep as compare.py's), 3 seeds. d = 128 is compare.py's own study.
 # 19 runs, 7 minutes of training on 2 CPU cores (measured 2026-12-05).

@@ -16,8 +16,8 @@ Guitaricet/relora), as its code runs it. In nn.Linear's layout (y = x W^T):
     `restart_warmup` steps back to the cosine envelope.
 
 Not copied: the official training script also zeroes A at init, so its LoRA branch learns nothing until the
-first merge (its issue #18); here A starts kaiming-uniform, B zero, as LoRA intends. The paper's warm start
-(a full-rank model trained for some steps first) is a full-rank run's checkpoint named by train.py's
+first merge (github.com/Guitaricet/relora/issues/18); here A starts kaiming-uniform, B zero, as LoRA intends.
+The paper's warm start (a full-rank model trained for some steps first) is a full-rank run's checkpoint named by train.py's
 relora_warm_start, whose weights W start from (GaLore's and Beyond Perplexity's comparisons ran ReLoRA
 from scratch, our default). LoRA dropout is a setting; ours defaults to 0 (the official 0.1; nanoCoLA's
 other methods have no dropout, and 0 keeps the merge exact in the logits).

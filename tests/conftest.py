@@ -5,11 +5,6 @@ import random
 
 import pytest
 
-# GPT-2's BPE files for tiktoken, offline, when the shared folder is there (users with a network need nothing).
-_SHARED_TIKTOKEN = os.path.join(os.path.dirname(__file__), '..', '..', 'shared', 'tiktoken')
-if os.path.isdir(_SHARED_TIKTOKEN):
-    os.environ.setdefault('TIKTOKEN_CACHE_DIR', os.path.abspath(_SHARED_TIKTOKEN))
-
 # Without a GPU, Triton's interpreter runs the kernels on CPU tensors; it must be on when cola_op.py
 # defines them. With a GPU, the tests marked cuda run the compiled kernels.
 import torch  # noqa: E402
@@ -48,7 +43,7 @@ def gpt2_available(timeout_s=20):
     return bool(found)
 
 
-# Tests that encode with GPT-2's BPE need its files: online, or in TIKTOKEN_CACHE_DIR (CI: ../shared/tiktoken).
+# Tests that encode with GPT-2's BPE need its files: online, or in TIKTOKEN_CACHE_DIR .
 needs_gpt2 = pytest.mark.skipif(not gpt2_available(), reason="GPT-2's BPE files are not available offline: "
                                 "set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached gpt2 files")
 

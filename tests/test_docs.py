@@ -80,3 +80,14 @@ def test_docs_speak_to_a_user_with_only_the_clone(page):
     text = open(os.path.join(ROOT, page), encoding='utf-8').read()
     for team_word in ('../shared', 'issue #', 'lent one'):
         assert team_word not in text, f"{page} mentions {team_word!r}"
+
+
+CODE = sorted(os.path.relpath(p, ROOT) for pattern in ('*.py', 'config/*.py', 'methods/*.py', '.ci/gpu_*')
+              for p in glob.glob(os.path.join(ROOT, pattern)))
+
+
+@pytest.mark.parametrize('path', CODE)
+def test_code_a_user_reads_names_nothing_outside_the_clone(path):
+    text = open(os.path.join(ROOT, path), encoding='utf-8').read()
+    for team_word in ('../shared', '/work/', 'issue #', '(#'):
+        assert team_word not in text, f"{path} mentions {team_word!r}"
