@@ -7,7 +7,7 @@ import pytest
 
 # Without a GPU, Triton's interpreter runs the kernels on CPU tensors; it must be on when cola_op.py
 # defines them. With a GPU, the tests marked cuda run the compiled kernels.
-import torch  # noqa: E402
+import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault('TRITON_INTERPRET', '1')
@@ -43,7 +43,7 @@ def gpt2_available(timeout_s=20):
     return bool(found)
 
 
-# Tests that encode with GPT-2's BPE need its files: online, or in TIKTOKEN_CACHE_DIR .
+# Tests that encode with GPT-2's BPE need its files: online, or in TIKTOKEN_CACHE_DIR.
 needs_gpt2 = pytest.mark.skipif(not gpt2_available(), reason="GPT-2's BPE files are not available offline: "
                                 "set TIKTOKEN_CACHE_DIR to a folder holding tiktoken's cached gpt2 files")
 
