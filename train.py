@@ -10,8 +10,8 @@ Tokens per step = batch_size x block_size x gradient_accumulation_steps x world 
 """
 
 import ctypes
-import importlib.util
 import fcntl
+import importlib.util
 import json
 import math
 import os
